@@ -1,0 +1,49 @@
+"""Plain-text and HTML tables, shared by every report that renders itself."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.1f}"
+    return str(value)
+
+
+def render_text(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
+    """A fixed-width table: numbers right-aligned, text left-aligned."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    numeric = [
+        all(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows if row[i] is not None)
+        and any(row[i] is not None for row in rows)
+        for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return "  ".join(parts).rstrip()
+
+    out = [title] if title else []
+    out.append(line(list(headers)))
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(row) for row in cells)
+    return "\n".join(out)
+
+
+def render_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
+    """The same table as HTML for Jupyter (escaped; no scripts, no external CSS)."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows
+    )
+    caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
+    return f"<table class='handlerkit'>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -1,0 +1,109 @@
+"""The ``handlerkit`` command.
+
+``handlerkit demo`` runs the built-in image classifier on the bundled shapes model, stage by
+stage, and prints what each stage took and gave. ``handlerkit run MODEL_DIR FILE...`` does the
+same for any model dir. Heavy imports happen inside the commands so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from importlib import resources
+
+__all__ = ["main"]
+
+
+def demo_paths() -> tuple[str, list[str]]:
+    """The bundled demo model dir and images (they ship inside the package)."""
+    root = resources.files("handlerkit") / "assets" / "demo"
+    model_dir = str(root / "image_classifier")
+    images_dir = root / "images"
+    images = sorted(str(images_dir / name) for name in os.listdir(str(images_dir)))
+    return model_dir, images
+
+
+def _stage_table(harness: object, run: object) -> str:
+    from handlerkit._table import render_text
+    from handlerkit.harness import describe
+
+    rows = [[name, round(result.wall_ms, 2), describe(result.output)] for name, result in run.stages.items()]  # type: ignore[attr-defined]
+    return render_text(["stage", "wall ms", "output"], rows)
+
+
+def _predictions(paths: Sequence[str], output: Sequence[object]) -> str:
+    from handlerkit._table import render_text
+
+    rows = []
+    for path, item in zip(paths, output):
+        if isinstance(item, dict) and item:
+            ranked = sorted(item.items(), key=lambda kv: -float(kv[1]))  # type: ignore[arg-type]
+            top = ", ".join(f"{label} {float(p):.3f}" for label, p in ranked[:3])  # type: ignore[arg-type]
+        else:
+            top = repr(item)[:80]
+        rows.append([os.path.basename(path), top])
+    return render_text(["request", "top predictions"], rows)
+
+
+def run_model(model_dir: str, files: Sequence[str], handler: str | None, out: object = None) -> int:
+    import handlerkit as hk
+
+    stream = out or sys.stdout
+    ctx = hk.MockContext.from_model_dir(model_dir)
+    spec = handler or (ctx.manifest.get("model", {}).get("handler") or "image_classifier")
+    harness = hk.Harness(spec, ctx)
+    batch = hk.batch(*(hk.Request.from_file(f) for f in files))
+    run = harness.run(batch)
+    print(f"handler {harness.name} on {harness.handler.device if harness.handler is not None else 'n/a'}, "
+          f"model {os.path.basename(os.path.normpath(model_dir))}, batch of {len(batch)}", file=stream)
+    print(_stage_table(harness, run), file=stream)
+    print(file=stream)
+    print(_predictions(files, run.output), file=stream)
+    return 0 if not run.problems else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    model_dir, images = demo_paths()
+    return run_model(model_dir, images, "image_classifier")
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_model(args.model_dir, args.files, args.handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="handlerkit", description="Develop and debug TorchServe-style model handlers, one stage at a time."
+    )
+    parser.add_argument("--version", action="version", version=f"handlerkit {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = commands.add_parser("demo", help="run the built-in image classifier on the bundled shapes model")
+    demo.set_defaults(func=_demo)
+    run = commands.add_parser("run", help="run a model dir's handler on files, stage by stage")
+    run.add_argument("model_dir", help="an unpacked .mar: model files, MAR-INF/MANIFEST.json, model-config.yaml")
+    run.add_argument("files", nargs="+", help="request bodies, one request per file")
+    run.add_argument("--handler", help="handler spec (default: the manifest's handler)")
+    run.set_defaults(func=_run)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from handlerkit.errors import HandlerkitError
+
+    try:
+        return int(args.func(args))
+    except HandlerkitError as exc:
+        print(f"handlerkit: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _version() -> str:
+    from handlerkit import __version__
+
+    return __version__
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Diagnostics the harness reports: device, timing, memory, contract and compile facts."""

@@ -1,0 +1,403 @@
+"""Model formats: load each one so that ``model(tensor)`` works, and export to each.
+
+TorchServe 0.12 loads eager (``modelFile`` + state_dict), TorchScript, ONNX and legacy
+AOTInductor ``.so`` models, but only eager and TorchScript models run through its default
+``inference``: an ONNX session is not callable with a tensor. Here every loader returns a
+callable that takes and returns torch tensors on the handler's device, so the default
+``inference`` serves every format.
+
+=============  =============================================  ==============================
+format         files                                          loader
+=============  =============================================  ==============================
+eager          ``modelFile`` (.py) + state_dict (optional)    the file's one class + torch.load
+torchscript    ``.pt`` without ``modelFile``                  torch.jit.load
+onnx           ``.onnx``                                      onnxruntime.InferenceSession
+aoti           ``.pt2`` AOTInductor package                   torch._inductor.aoti_load_package
+aoti-so        ``.so`` + ``pt2: {export: {aot_compile: true}}``  torch._export.aot_load (legacy)
+export         ``.pt2`` ``torch.export`` program              torch.export.load(...).module()
+=============  =============================================  ==============================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlerkit.errors import ModelLoadError
+
+__all__ = ["LoadedModel", "OnnxModel", "detect_format", "load_model", "export_model", "FORMATS"]
+
+FORMATS = ("eager", "torchscript", "onnx", "aoti", "aoti-so", "export")
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model and how it was loaded (read by the device and format reports)."""
+
+    model: Any
+    format: str
+    loader: str
+    path: str | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def detect_format(model_pt_path: str | None, model_file: str | None, aot_compile: bool = False) -> str:
+    """The format TorchServe's rules give a manifest's ``serializedFile`` / ``modelFile``."""
+    if model_file:
+        return "eager"
+    if not model_pt_path:
+        raise ModelLoadError(
+            "the manifest names neither a modelFile nor a serializedFile, so there is no model to load; "
+            "fix: add 'serializedFile' (and 'modelFile' for an eager model) to MAR-INF/MANIFEST.json, "
+            "or override initialize() in your handler"
+        )
+    ext = os.path.splitext(model_pt_path)[1].lower()
+    if ext == ".onnx":
+        return "onnx"
+    if ext == ".so":
+        if not aot_compile:
+            raise ModelLoadError(
+                f"{model_pt_path} is an AOTInductor shared library, which TorchServe loads only with "
+                "'pt2: {export: {aot_compile: true}}' in model-config.yaml; fix: add that section",
+                path=model_pt_path,
+            )
+        return "aoti-so"
+    if ext == ".pt2":
+        return _pt2_kind(model_pt_path)
+    # .pt, .pth, .ts ... without a modelFile: TorchServe treats them as TorchScript.
+    return "torchscript"
+
+
+def _pt2_kind(path: str) -> str:
+    """Tell an AOTInductor package from a torch.export program: both are .pt2 zip archives."""
+    _require_file(path, "serializedFile")
+    try:
+        names = zipfile.ZipFile(path).namelist()
+    except zipfile.BadZipFile as exc:
+        raise ModelLoadError(
+            f"{path} is not a .pt2 archive (not a zip file); fix: write it with "
+            "torch._inductor.aoti_compile_and_package or torch.export.save",
+            path=path,
+        ) from exc
+    if any("/data/aotinductor/" in n for n in names):
+        return "aoti"
+    if any(n.endswith("models/model.json") or "serialized_exported_program" in n for n in names):
+        return "export"
+    raise ModelLoadError(
+        f"{path} is a .pt2 archive with neither an AOTInductor model nor an exported program in it",
+        path=path,
+    )
+
+
+def _require_file(path: str, role: str) -> None:
+    if not os.path.isfile(path):
+        raise ModelLoadError(
+            f"the manifest's {role} is {os.path.basename(path)!r} but {path} does not exist; "
+            "fix: put the file in the model dir or correct MAR-INF/MANIFEST.json",
+            path=path,
+        )
+
+
+def load_model(
+    fmt: str,
+    *,
+    device: Any,
+    model_dir: str,
+    model_pt_path: str | None,
+    model_file: str | None = None,
+) -> LoadedModel:
+    """Load a model of format ``fmt`` onto ``device``; every failure is a ModelLoadError."""
+    if fmt == "eager":
+        return _load_eager(model_dir, model_file or "", model_pt_path, device)
+    if model_pt_path is None:
+        raise ModelLoadError(f"format {fmt!r} needs a serializedFile")
+    _require_file(model_pt_path, "serializedFile")
+    if fmt == "torchscript":
+        return _load_torchscript(model_pt_path, device)
+    if fmt == "onnx":
+        return _load_onnx(model_pt_path, device)
+    if fmt == "aoti":
+        return _load_aoti(model_pt_path, device)
+    if fmt == "aoti-so":
+        return _load_aoti_so(model_pt_path, device)
+    if fmt == "export":
+        return _load_export(model_pt_path, device)
+    raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
+
+
+def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, device: Any) -> LoadedModel:
+    import torch
+
+    from handlerkit.loading import list_classes, load_module_from_file
+
+    model_def_path = os.path.join(model_dir, model_file)
+    _require_file(model_def_path, "modelFile")
+    try:
+        # Loaded by path under a unique name: a notebook may hold several model dirs, each
+        # with its own model.py, where TorchServe would have one process per model. Executed
+        # afresh on every initialize (a worker start in TorchServe), so an edited file is seen.
+        module = load_module_from_file(model_def_path, reload=True)
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        raise ModelLoadError(
+            f"importing modelFile {model_def_path} failed: {type(cause).__name__}: {cause}; fix: correct "
+            f"{model_file} (it is imported with the model dir first on sys.path, as TorchServe does)",
+            path=model_def_path,
+        ) from exc
+    classes = [c for c in list_classes(module) if issubclass(c, torch.nn.Module)] or list_classes(module)
+    if len(classes) != 1:
+        names = ", ".join(c.__name__ for c in classes) or "none"
+        raise ModelLoadError(
+            f"modelFile {model_def_path} must define exactly one model class; found {names}; "
+            "fix: keep one nn.Module class in it and import the others from another file",
+            path=model_def_path,
+        )
+    model_class = classes[0]
+    try:
+        model = model_class()
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{model_class.__name__}() (from {model_def_path}) failed: {exc!r}; TorchServe builds the "
+            "model class with no arguments; fix: give every constructor argument a default",
+            path=model_def_path,
+        ) from exc
+    details: dict[str, Any] = {"model_file": model_def_path, "model_class": model_class.__qualname__}
+    if model_pt_path:
+        _require_file(model_pt_path, "serializedFile")
+        try:
+            state_dict = torch.load(model_pt_path, map_location=device, weights_only=True)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"torch.load({model_pt_path!r}, weights_only=True) failed: {exc}; fix: save the weights "
+                "with torch.save(model.state_dict(), path) (a pickled whole model is not loaded)",
+                path=model_pt_path,
+            ) from exc
+        if not isinstance(state_dict, dict):
+            raise ModelLoadError(
+                f"{model_pt_path} holds a {type(state_dict).__name__}, not a state_dict; fix: save "
+                "torch.save(model.state_dict(), path)",
+                path=model_pt_path,
+            )
+        _load_state_dict(model, state_dict, model_pt_path, model_class.__name__)
+        details["state_dict_tensors"] = len(state_dict)
+    model.to(device)
+    model.eval()
+    return LoadedModel(model, "eager", f"{model_class.__name__}() + torch.load(weights_only=True)", model_pt_path, details)
+
+
+def _load_state_dict(model: Any, state_dict: dict, path: str, class_name: str) -> None:
+    own = model.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    shapes = [
+        f"{k}: file {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in state_dict and hasattr(state_dict[k], "shape") and tuple(state_dict[k].shape) != tuple(own[k].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_preview(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_preview(unexpected)}")
+    if shapes:
+        problems.append(f"shape mismatches {_preview(shapes)}")
+    if problems:
+        raise ModelLoadError(
+            f"the state_dict in {path} does not fit {class_name}: " + "; ".join(problems) + ". "
+            "fix: ship the model.py the weights were trained with, or re-save the weights from it",
+            path=path,
+        )
+    model.load_state_dict(state_dict)
+
+
+def _preview(items: list[str], n: int = 4) -> str:
+    shown = ", ".join(items[:n])
+    return f"[{shown}{', ...' if len(items) > n else ''}] ({len(items)})"
+
+
+@contextlib.contextmanager
+def _quiet_deprecations() -> Iterator[list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def _load_torchscript(path: str, device: Any) -> LoadedModel:
+    import torch
+
+    with _quiet_deprecations() as caught:
+        try:
+            model = torch.jit.load(path, map_location=device)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"torch.jit.load({path!r}) failed: {exc}. Without a modelFile, TorchServe reads a .pt "
+                "file as TorchScript; fix: for a state_dict, add modelFile to the manifest",
+                path=path,
+            ) from exc
+    model.eval()
+    notes = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    return LoadedModel(model, "torchscript", "torch.jit.load", path, {"deprecation": notes[:1]})
+
+
+def onnx_providers(device: Any) -> list[str]:
+    """onnxruntime providers for a device, as TorchServe picks them: CUDA first on a GPU."""
+    kind = getattr(device, "type", str(device))
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if kind == "cuda" else ["CPUExecutionProvider"]
+
+
+class OnnxModel:
+    """An onnxruntime session that is called like a torch module: tensors in, tensors out.
+
+    Inputs are matched to the session's inputs by position; outputs come back as one tensor
+    (single output) or a tuple, on ``device``.
+    """
+
+    def __init__(self, session: Any, device: Any):
+        self.session = session
+        self.device = device
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def __call__(self, *inputs: Any) -> Any:
+        import torch
+
+        if len(inputs) != len(self.input_names):
+            raise TypeError(
+                f"the ONNX model takes {len(self.input_names)} input(s) {self.input_names}, got {len(inputs)}"
+            )
+        feed = {
+            name: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
+            for name, x in zip(self.input_names, inputs)
+        }
+        outputs = [torch.from_numpy(o).to(self.device) for o in self.session.run(None, feed)]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def eval(self) -> OnnxModel:
+        return self
+
+    def to(self, device: Any) -> OnnxModel:
+        self.device = device
+        return self
+
+    def __repr__(self) -> str:
+        return f"OnnxModel(inputs={self.input_names}, outputs={self.output_names}, providers={self.session.get_providers()})"
+
+
+def _load_onnx(path: str, device: Any) -> LoadedModel:
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ImportError("loading .onnx models needs onnxruntime: pip install 'handlerkit[onnx]'") from exc
+    wanted = onnx_providers(device)
+    providers = [p for p in wanted if p in ort.get_available_providers()] or ["CPUExecutionProvider"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    try:
+        session = ort.InferenceSession(path, sess_options=options, providers=providers)
+    except Exception as exc:
+        raise ModelLoadError(f"onnxruntime could not open {path}: {exc}", path=path) from exc
+    details = {"providers_wanted": wanted, "providers": session.get_providers()}
+    return LoadedModel(OnnxModel(session, device), "onnx", "onnxruntime.InferenceSession", path, details)
+
+
+def _load_aoti(path: str, device: Any) -> LoadedModel:
+    import torch
+
+    try:
+        model = torch._inductor.aoti_load_package(path)
+    except Exception as exc:
+        raise ModelLoadError(f"torch._inductor.aoti_load_package({path!r}) failed: {exc}", path=path) from exc
+    details = {"note": "compile with AOTI_RUNTIME_CHECK_INPUTS=1 so wrong input shapes raise instead of returning garbage"}
+    return LoadedModel(model, "aoti", "torch._inductor.aoti_load_package", path, details)
+
+
+def _load_aoti_so(path: str, device: Any) -> LoadedModel:
+    import torch
+    import torch._export
+
+    kind = getattr(device, "type", str(device))
+    try:
+        model = torch._export.aot_load(path, kind)
+    except Exception as exc:
+        raise ModelLoadError(f"torch._export.aot_load({path!r}) failed: {exc}", path=path) from exc
+    details = {"deprecated": "legacy .so path; prefer a .pt2 package (torch._inductor.aoti_compile_and_package)"}
+    return LoadedModel(model, "aoti-so", "torch._export.aot_load", path, details)
+
+
+def _load_export(path: str, device: Any) -> LoadedModel:
+    import torch
+
+    try:
+        program = torch.export.load(path)
+    except Exception as exc:
+        raise ModelLoadError(f"torch.export.load({path!r}) failed: {exc}", path=path) from exc
+    module = program.module()
+    with contextlib.suppress(Exception):  # already on the right device when it is the CPU
+        module = module.to(device)
+    return LoadedModel(module, "export", "torch.export.load(...).module()", path, {"checks_input_shapes": True})
+
+
+def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt: str, *, dynamic_batch: bool = True) -> str:
+    """Write ``model`` in format ``fmt`` so handlerkit and TorchServe can load it.
+
+    Args:
+        model: an ``nn.Module`` (put in eval mode here).
+        example_inputs: a tuple of example tensors, batch first.
+        path: where to write (``.pt`` for torchscript, ``.onnx``, ``.pt2`` for aoti/export,
+            ``.so`` for aoti-so, a state_dict ``.pt`` for eager).
+        fmt: one of :data:`FORMATS`.
+        dynamic_batch: let the batch dimension vary (export, onnx, aoti).
+
+    Returns:
+        The path written, as a string.
+    """
+    import torch
+
+    path = os.fspath(path)
+    model = model.eval()
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    dynamic_shapes = tuple({0: batch} for _ in example_inputs) if dynamic_batch else None
+    if fmt == "eager":
+        torch.save(model.state_dict(), path)
+    elif fmt == "torchscript":
+        with _quiet_deprecations():
+            torch.jit.save(torch.jit.trace(model, example_inputs), path)
+    elif fmt == "onnx":
+        names = [f"input_{i}" for i in range(len(example_inputs))]
+        torch.onnx.export(
+            model, example_inputs, path, input_names=names, dynamic_shapes=dynamic_shapes, verbose=False
+        )
+    elif fmt in ("aoti", "export", "aoti-so"):
+        with _env("AOTI_RUNTIME_CHECK_INPUTS", "1"):
+            program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
+            if fmt == "export":
+                torch.export.save(program, path)
+            elif fmt == "aoti":
+                torch._inductor.aoti_compile_and_package(program, package_path=path)
+            else:
+                import torch._export
+
+                torch._export.aot_compile(
+                    model, example_inputs, dynamic_shapes=dynamic_shapes, options={"aot_inductor.output_path": path}
+                )
+    else:
+        raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
+    return path
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

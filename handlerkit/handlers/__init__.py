@@ -1,0 +1,26 @@
+"""handlerkit's handlers: the TorchServe-compatible base and the built-in handlers.
+
+Heavy modules (torchvision) are imported on first use of a name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BaseHandler": "handlerkit.handlers.base",
+    "VisionHandler": "handlerkit.handlers.vision",
+    "ImageClassifier": "handlerkit.handlers.image_classifier",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'handlerkit.handlers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

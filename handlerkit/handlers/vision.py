@@ -1,0 +1,132 @@
+"""VisionHandler: TorchServe's image request formats, decoded with request-level errors."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from handlerkit.errors import RequestError
+from handlerkit.handlers.base import BaseHandler, timed
+
+__all__ = ["VisionHandler", "decode_image"]
+
+
+@contextlib.contextmanager
+def _pixel_limit(limited: bool) -> Iterator[None]:
+    """TorchServe sets ``Image.MAX_IMAGE_PIXELS = None`` for the whole process when the
+    server's ``limit_max_image_pixels`` is false; here the limit is lifted for one decode."""
+    from PIL import Image
+
+    if limited:
+        yield
+        return
+    old = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = old
+
+
+def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
+    """One request's image (bytes, bytearray or base64 str) as a PIL image, fully decoded.
+
+    Raises:
+        RequestError: naming the request index, what came and how to fix it.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(payload, str):
+        try:
+            payload = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise RequestError(
+                f"request {index}: the body is a str that is not base64 ({exc}); fix: send the image "
+                "bytes with a binary content type, or base64-encode them",
+                index,
+            ) from exc
+    try:
+        with _pixel_limit(limit_pixels):
+            image = Image.open(io.BytesIO(payload))
+            image.load()  # decode now, so a truncated file fails here and not in a transform
+    except Image.DecompressionBombError as exc:
+        raise RequestError(
+            f"request {index}: {exc}; fix: send a smaller image, or set limit_max_image_pixels=False "
+            "on the server (MockContext(limit_max_image_pixels=False)) if you trust the source",
+            index,
+        ) from exc
+    except UnidentifiedImageError as exc:
+        raise RequestError(
+            f"request {index}: the {len(payload)}-byte body is not an image PIL can read; fix: send a "
+            "PNG/JPEG file as the request body",
+            index,
+        ) from exc
+    except (OSError, SyntaxError) as exc:
+        raise RequestError(f"request {index}: the image is corrupt or truncated ({exc})", index) from exc
+    return image
+
+
+class VisionHandler(BaseHandler):
+    """Base of the image handlers: each request's ``data`` or ``body`` is an image.
+
+    Accepted per request, as in TorchServe: image bytes (``bytearray``/``bytes``), a base64
+    ``str`` of them, or a nested list of floats already shaped like the model input.
+    Subclasses set ``image_processing`` (a callable PIL image → tensor).
+    """
+
+    image_processing: Any = None
+
+    def initialize(self, context: Any) -> None:
+        super().initialize(context)
+        self.ig = None  # captum's IntegratedGradients, made on the first explanation
+
+    def _limit_pixels(self) -> bool:
+        properties = getattr(self.context, "system_properties", None) or {}
+        return properties.get("limit_max_image_pixels", True) is not False
+
+    @timed
+    def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor:
+        images = []
+        for index, row in enumerate(data):
+            payload = (row.get("data") or row.get("body")) if isinstance(row, dict) else row
+            if payload is None:
+                keys = list(row) if isinstance(row, dict) else type(row).__name__
+                raise RequestError(
+                    f"request {index}: no image under 'data' or 'body' (got {keys}); fix: send the image "
+                    "as the request body or as a form field named 'data'",
+                    index,
+                )
+            if isinstance(payload, (bytes, bytearray, str)):
+                image = decode_image(payload, index, limit_pixels=self._limit_pixels())
+                images.append(self.image_processing(image))
+            elif isinstance(payload, list):
+                images.append(torch.as_tensor(payload, dtype=torch.float32))
+            else:
+                raise RequestError(
+                    f"request {index}: a {type(payload).__name__} is not an image; send image bytes, a "
+                    "base64 str or a list of floats",
+                    index,
+                )
+        shapes = {tuple(t.shape) for t in images}
+        if len(shapes) > 1:
+            raise RequestError(
+                f"the batch's images have different shapes after preprocessing {sorted(shapes)}; fix: "
+                "make image_processing resize every image to one size"
+            )
+        return torch.stack(images).to(self.device)
+
+    def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
+        """Integrated gradients for ``target`` (captum), as TorchServe's VisionHandler does."""
+        if self.ig is None:
+            try:
+                from captum.attr import IntegratedGradients
+            except ImportError as exc:
+                raise ImportError("explanations need captum: pip install captum") from exc
+            self.ig = IntegratedGradients(self.model)
+        return self.ig.attribute(tensor_data, target=target, n_steps=15).tolist()

@@ -1,0 +1,677 @@
+"""The Harness: run a handler's stages one at a time and keep everything they produce.
+
+A notebook session with a handler looks like this::
+
+    import handlerkit as hk
+    ctx = hk.MockContext.from_model_dir("fixtures/models/image_classifier")
+    h = hk.Harness("image_classifier", ctx)
+    h.initialize()                      # StageResult: time, memory, logs, decisions
+    h.preprocess(hk.batch(hk.Request.from_file("fixtures/images/circle.png")))
+    h.inference()                       # takes the preprocess output
+    h.postprocess().output              # [{"circle": 0.99, ...}]
+
+Each stage returns a :class:`StageResult` and is kept in ``h.results[stage]``. Re-running a
+stage drops the results after it; ``h.inference(x)`` runs from a tensor of your own. An
+exception inside a stage becomes a :class:`~handlerkit.errors.StageError` naming the stage,
+the handler and the request; the harness stays usable: fix the code, ``h.reload()``, and run
+the stage again. ``h.run(batch)`` runs every stage and gives the same output as
+``handler.handle(data, context)``, which :meth:`Harness.handle` calls verbatim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from handlerkit._table import render_html, render_text
+from handlerkit.diagnostics.memory import MemoryTracker, format_bytes
+from handlerkit.diagnostics.timing import Timer
+from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
+
+__all__ = ["Harness", "StageResult", "Run", "TensorInfo", "STAGES"]
+
+STAGES = ("initialize", "preprocess", "inference", "postprocess")
+_ORDER = {name: i for i, name in enumerate(STAGES)}
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor of a stage's input or output lives."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+def tensor_infos(value: Any, path: str = "", limit: int = 64) -> list[TensorInfo]:
+    """The tensors inside a (nested) value, by path: ``[0]["boxes"]`` ..."""
+    import torch
+
+    found: list[TensorInfo] = []
+
+    def walk(v: Any, p: str, depth: int) -> None:
+        if len(found) >= limit or depth > 6:
+            return
+        if isinstance(v, torch.Tensor):
+            found.append(TensorInfo(p or "<value>", tuple(v.shape), str(v.dtype).replace("torch.", ""), str(v.device)))
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                walk(item, f"{p}[{k!r}]", depth + 1)
+        elif isinstance(v, (list, tuple)):
+            for i, item in enumerate(v[:limit]):
+                walk(item, f"{p}[{i}]", depth + 1)
+
+    if "torch" in sys.modules:
+        walk(value, path, 0)
+    return found
+
+
+def describe(value: Any) -> str:
+    """A short type/shape description of a stage value for tables."""
+    infos = tensor_infos(value, limit=2)
+    if infos and infos[0].path == "<value>":
+        i = infos[0]
+        return f"Tensor{list(i.shape)} {i.dtype} {i.device}"
+    if isinstance(value, (list, tuple)):
+        inner = describe(value[0]) if value else ""
+        return f"{type(value).__name__}[{len(value)}]" + (f" of {inner}" if inner else "")
+    if isinstance(value, dict):
+        return f"dict({len(value)} keys)"
+    if value is None:
+        return "None"
+    return type(value).__name__
+
+
+@dataclass
+class LogEntry:
+    level: str
+    logger: str
+    message: str
+
+
+@dataclass
+class StageResult:
+    """What one stage took and gave.
+
+    Attributes:
+        stage: the stage's name.
+        input / output: what the stage received and returned (``output`` is None on error).
+        wall_ms: wall-clock time; ``device_ms``: device-synchronised time on an accelerator.
+        cpu_peak_bytes / cpu_peak_delta_bytes / cuda_peak_bytes: peak memory during the stage.
+        tensors: devices, dtypes and shapes of the output's tensors (``input_tensors`` likewise).
+        logs, warnings: records emitted during the stage.
+        metrics: metric records the handler added during the stage.
+        error: the :class:`StageError`, when the stage raised.
+        problems: contract problems found in the output (postprocess / handle).
+    """
+
+    stage: str
+    input: Any = None
+    output: Any = None
+    wall_ms: float = 0.0
+    device_ms: float | None = None
+    cpu_peak_bytes: int | None = None
+    cpu_peak_delta_bytes: int | None = None
+    cuda_peak_bytes: int | None = None
+    tensors: list[TensorInfo] = field(default_factory=list)
+    input_tensors: list[TensorInfo] = field(default_factory=list)
+    logs: list[LogEntry] = field(default_factory=list)
+    warnings: list[warnings.WarningMessage] = field(default_factory=list)
+    metrics: list[Any] = field(default_factory=list)
+    error: StageError | None = None
+    problems: list[Any] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({t.device for t in self.tensors + self.input_tensors})
+
+    def _rows(self) -> list[tuple[str, Any]]:
+        rows: list[tuple[str, Any]] = [
+            ("status", "ok" if self.ok else f"error: {self.error}"),
+            ("wall", f"{self.wall_ms:.2f} ms"),
+        ]
+        if self.device_ms is not None:
+            rows.append(("device time", f"{self.device_ms:.2f} ms"))
+        if self.cpu_peak_delta_bytes is not None:
+            rows.append(("peak memory (CPU, above start)", format_bytes(self.cpu_peak_delta_bytes)))
+        if self.cuda_peak_bytes is not None:
+            rows.append(("peak memory (CUDA)", format_bytes(self.cuda_peak_bytes)))
+        rows.append(("output", describe(self.output)))
+        for t in self.tensors[:8]:
+            rows.append((f"tensor {t.path}", f"{list(t.shape)} {t.dtype} on {t.device}"))
+        for w in self.warnings[:5]:
+            rows.append(("warning", f"{w.category.__name__}: {w.message}"))
+        for entry in self.logs[:5]:
+            rows.append(("log", f"{entry.level} {entry.logger}: {entry.message}"))
+        for m in self.metrics[:5]:
+            rows.append(("metric", f"{m.name} = {m.value} {m.unit}"))
+        for p in self.problems[:5]:
+            rows.append(("problem", str(p)))
+        return rows
+
+    def __repr__(self) -> str:
+        status = "ok" if self.ok else f"error={type(self.error.original).__name__ if self.error and self.error.original else 'StageError'}"
+        return f"<StageResult {self.stage} {status} {self.wall_ms:.2f} ms output={describe(self.output)}>"
+
+    def __str__(self) -> str:
+        return render_text(["", ""], self._rows(), title=f"stage {self.stage}")
+
+    def _repr_html_(self) -> str:
+        return render_html(["", ""], self._rows(), title=f"stage {self.stage}")
+
+
+@dataclass
+class Run:
+    """All stages of one batch: ``output`` is what ``handle`` would have returned."""
+
+    output: Any
+    stages: dict[str, StageResult]
+    batch_size: int
+    mode: str = "stages"
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return {name: r.wall_ms for name, r in self.stages.items()}
+
+    @property
+    def total_ms(self) -> float:
+        return sum(r.wall_ms for name, r in self.stages.items() if name != "initialize")
+
+    @property
+    def problems(self) -> list[Any]:
+        return [p for r in self.stages.values() for p in r.problems]
+
+    def _rows(self) -> list[list[Any]]:
+        return [[name, round(r.wall_ms, 3), describe(r.output)] for name, r in self.stages.items()]
+
+    def __repr__(self) -> str:
+        return render_text(["stage", "wall ms", "output"], self._rows(), title=f"Run of {self.batch_size} request(s), {self.total_ms:.2f} ms")
+
+    def _repr_html_(self) -> str:
+        return render_html(["stage", "wall ms", "output"], self._rows(), title=f"Run of {self.batch_size} request(s), {self.total_ms:.2f} ms")
+
+
+# ---------------------------------------------------------------------------- capture
+class _ListHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.entries: list[LogEntry] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string in someone's log call must not break the stage
+            message = str(record.msg)
+        self.entries.append(LogEntry(record.levelname, record.name, message))
+
+
+@contextlib.contextmanager
+def _capture_logs(level: int) -> Iterator[_ListHandler]:
+    root = logging.getLogger()
+    handler = _ListHandler()
+    old_level = root.level
+    root.addHandler(handler)
+    if root.level > level:
+        root.setLevel(level)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+
+
+# ---------------------------------------------------------------------------- the harness
+def _is_known_base_handle(func: Any) -> bool:
+    """True for BaseHandler.handle of handlerkit or TorchServe (handle runs the stages)."""
+    from handlerkit.handlers.base import BaseHandler
+
+    if func is BaseHandler.handle:
+        return True
+    module = getattr(func, "__module__", "") or ""
+    return module == "ts.torch_handler.base_handler" and getattr(func, "__qualname__", "") == "BaseHandler.handle"
+
+
+class Harness:
+    """Step through a handler's stages, keep every intermediate, time and check them.
+
+    Args:
+        handler: a handler instance, a handler class (built with no arguments), a TorchServe
+            spec string (``"image_classifier"``, ``"handler.py"``, ``"handler.py:handle"``)
+            resolved by :mod:`handlerkit.loading` in the context's model dir, or a
+            module-level function ``handle(data, context)``.
+        context: the context handed to the handler; a :class:`~handlerkit.MockContext` of the
+            current directory when omitted.
+        track_memory: measure peak memory per stage (costs a little per stage).
+        capture_logs: keep the log records emitted in each stage (INFO and above).
+    """
+
+    def __init__(self, handler: Any, context: Any = None, *, track_memory: bool = True, capture_logs: bool = True):
+        from handlerkit.context import MockContext
+
+        self.context = context if context is not None else MockContext()
+        self.model_dir: str | None = (getattr(self.context, "system_properties", None) or {}).get("model_dir")
+        self.track_memory = track_memory
+        self.capture_logs = capture_logs
+        self.results: dict[str, StageResult] = {}
+        self.batch: Any = None
+        self.handler: Any = None
+        self.function: Callable[..., Any] | None = None
+        self.spec: str | None = None
+        self._resolve(handler)
+        self._overrides_handle = self.handler is not None and not _is_known_base_handle(
+            getattr(type(self.handler), "handle", None)
+        )
+
+    # -- construction ------------------------------------------------------------------
+    def _resolve(self, handler: Any) -> None:
+        if isinstance(handler, str):
+            from handlerkit.loading import resolve_handler
+
+            self.spec = handler
+            with self._imports():
+                model_dir = self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
+                resolved = resolve_handler(handler, model_dir)
+            if resolved.instance is not None:
+                self.handler = resolved.instance
+            else:
+                self.function = resolved.function
+        elif inspect.isclass(handler):
+            self.handler = handler()
+        elif inspect.isfunction(handler) or (callable(handler) and not hasattr(handler, "handle")):
+            self.function = handler
+        elif hasattr(handler, "handle"):
+            self.handler = handler
+        else:
+            raise TypeError(
+                f"Harness needs a handler instance, class, spec string or handle(data, context) function; got {handler!r}"
+            )
+
+    @property
+    def name(self) -> str:
+        if self.handler is not None:
+            return type(self.handler).__name__
+        return getattr(self.function, "__qualname__", repr(self.function))
+
+    @property
+    def is_function(self) -> bool:
+        return self.function is not None
+
+    @property
+    def single_stage(self) -> bool:
+        """True when the handler is run as one ``handle`` stage (function handlers, and
+        handlers whose own ``handle`` replaces TorchServe's preprocess → inference → postprocess)."""
+        return self.is_function or self._overrides_handle
+
+    # -- plumbing shared by every stage ----------------------------------------------------
+    @contextlib.contextmanager
+    def _imports(self) -> Iterator[None]:
+        if not self.model_dir or not os.path.isdir(self.model_dir):
+            yield  # a missing model dir is initialize's error to report, with its fix
+            return
+        from handlerkit.loading import model_dir_imports
+
+        with model_dir_imports(self.model_dir):
+            yield
+
+    def _device(self) -> Any:
+        return getattr(self.handler, "device", None)
+
+    def _invalidate_from(self, stage: str) -> None:
+        start = _ORDER.get(stage, 0)
+        for name in list(self.results):
+            if _ORDER.get(name, len(STAGES)) >= start and name != "initialize" or name == stage:
+                del self.results[name]
+
+    def _stage(self, stage: str, func: Callable[[], Any], stage_input: Any, request_count: int | None = None) -> StageResult:
+        """Run ``func`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors."""
+        result = StageResult(stage=stage, input=stage_input)
+        metrics = getattr(self.context, "metrics", None)
+        mark = metrics.mark() if hasattr(metrics, "mark") else None
+        error: BaseException | None = None
+        log_cm = _capture_logs(logging.INFO) if self.capture_logs else contextlib.nullcontext(None)
+        with warnings.catch_warnings(record=True) as caught, log_cm as log_handler:
+            warnings.simplefilter("always")
+            with MemoryTracker(device=self._device(), enabled=self.track_memory) as memory:
+                with Timer(device=self._device()) as timer:
+                    try:
+                        with self._imports():
+                            result.output = func()
+                    except Exception as exc:  # every stage failure becomes a StageError
+                        error = exc
+        result.wall_ms, result.device_ms = timer.wall_ms, timer.device_ms
+        if self.track_memory:
+            result.cpu_peak_bytes = memory.cpu_peak_bytes
+            result.cpu_peak_delta_bytes = memory.cpu_peak_delta_bytes
+            result.cuda_peak_bytes = memory.cuda_peak_bytes
+        result.warnings = list(caught)
+        if log_handler is not None:
+            result.logs = log_handler.entries
+        if mark is not None:
+            result.metrics = list(metrics.since(mark))
+        result.tensors = tensor_infos(result.output)
+        result.input_tensors = tensor_infos(stage_input)
+        self.results[stage] = result
+        for w in result.warnings:  # re-emit so the notebook shows them as usual
+            if issubclass(w.category, HandlerkitWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if error is not None:
+            result.error = self._stage_error(stage, error, request_count)
+            raise result.error from error
+        return result
+
+    def _stage_error(self, stage: str, exc: BaseException, request_count: int | None) -> StageError:
+        from handlerkit.diagnostics.contract import suggest_fix
+
+        index = getattr(exc, "request_index", None)
+        if index is None and request_count == 1:
+            index = 0
+        if index is None and stage == "preprocess" and self.batch is not None and len(self.batch) > 1:
+            index = self._find_failing_request()
+        where = f"request {index}" if index is not None else "the batch"
+        fix = suggest_fix(stage, exc)
+        message = f"{stage} failed in {self.name} for {where}: {type(exc).__name__}: {exc}"
+        if fix:
+            message += f"\n  fix: {fix}"
+        return StageError(message, stage=stage, handler=self.name, request_index=index, original=exc)
+
+    def _find_failing_request(self) -> int | None:
+        """Preprocess each request alone to find the one that fails (context restored after)."""
+        from handlerkit.requests import batch as make_batch
+
+        whole = self.batch
+        try:
+            for i, request in enumerate(whole.requests):
+                single = make_batch(request)
+                single.bind(self.context)
+                try:
+                    with self._imports(), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        self.handler.preprocess(single.data)
+                except Exception:
+                    return i
+        finally:
+            whole.bind(self.context)
+        return None
+
+    # -- the stages ------------------------------------------------------------------------
+    def initialize(self) -> StageResult:
+        """Run the handler's ``initialize(context)`` (``handle(None, context)`` for functions)."""
+        self.results.clear()
+        if self.is_function:
+            func = self.function
+            result = self._stage("initialize", lambda: func(None, self.context), None)
+        else:
+            result = self._stage("initialize", lambda: self.handler.initialize(self.context), None)
+            decisions = getattr(self.handler, "decisions", None)
+            if decisions is not None and result.output is None:
+                result.output = decisions
+        return result
+
+    def _coerce(self, batch_or_data: Any) -> Any:
+        from handlerkit.requests import Batch
+
+        return Batch.coerce(batch_or_data)
+
+    def preprocess(self, batch_or_data: Any) -> StageResult:
+        """Bind the batch to the context and run ``preprocess(data)``."""
+        self._need_stage_methods("preprocess")
+        batch = self._coerce(batch_or_data)
+        self.batch = batch
+        self._invalidate_from("preprocess")
+        batch.bind(self.context)
+        self.handler.context = self.context  # TorchServe's handle() sets it before preprocess
+        data = batch.data
+        return self._stage("preprocess", lambda: self.handler.preprocess(data), data, len(batch))
+
+    def inference(self, x: Any = None) -> StageResult:
+        """Run ``inference`` on ``x``, or on the last preprocess output."""
+        self._need_stage_methods("inference")
+        if x is None:
+            x = self._last_output("preprocess", "inference")
+        self._invalidate_from("inference")
+        return self._stage("inference", lambda: self.handler.inference(x), x, self._count())
+
+    def postprocess(self, y: Any = None) -> StageResult:
+        """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract."""
+        from handlerkit.diagnostics.contract import check_output
+
+        self._need_stage_methods("postprocess")
+        if y is None:
+            y = self._last_output("inference", "postprocess")
+        self._invalidate_from("postprocess")
+        result = self._stage("postprocess", lambda: self.handler.postprocess(y), y, self._count())
+        result.problems = check_output(result.output, self._count(), stage="postprocess")
+        self._warn_problems(result)
+        return result
+
+    def _count(self) -> int | None:
+        return len(self.batch) if self.batch is not None else None
+
+    def _warn_problems(self, result: StageResult) -> None:
+        for problem in result.problems:
+            warnings.warn(f"handlerkit: {problem}", HandlerkitWarning, stacklevel=3)
+
+    def _last_output(self, stage: str, wanted_by: str) -> Any:
+        result = self.results.get(stage)
+        if result is None or not result.ok:
+            raise HandlerkitError(
+                f"{wanted_by} needs the output of {stage}, which has not run successfully; "
+                f"fix: run h.{stage}(...) first, or pass the input: h.{wanted_by}(value)"
+            )
+        return result.output
+
+    def _need_stage_methods(self, stage: str) -> None:
+        if self.is_function:
+            raise HandlerkitError(
+                f"{self.name} is a function handler: it has no {stage} stage to step through; "
+                "use h.run(batch) (one 'handle' stage) or h.handle(batch)"
+            )
+
+    # -- whole batches ---------------------------------------------------------------------
+    def _routing(self, batch: Any) -> str:
+        headers = batch.headers[0] if len(batch) else {}
+        if headers.get("describe") == "True":
+            return "describe"
+        if headers.get("explain") == "True":
+            return "explain"
+        return "predict"
+
+    def run(self, batch_or_data: Any) -> Run:
+        """Every stage of one batch; ``Run.output`` equals what ``handle`` returns.
+
+        Initializes first when that has not happened. Requests with a ``describe: True``
+        header run ``describe_handle``, ``explain: True`` runs ``explain_handle`` after
+        preprocess — where TorchServe's BaseHandler.handle sends them.
+        """
+        from handlerkit.diagnostics.contract import check_output
+
+        if "initialize" not in self.results or not self.results["initialize"].ok:
+            self.initialize()
+        batch = self._coerce(batch_or_data)
+        start = time.time()
+        if self.single_stage:
+            self._warn_single_stage_once()
+            result = self.handle_stage(batch)
+            stages = {"handle": result}
+            output, mode = result.output, "handle"
+        else:
+            route = self._routing(batch)
+            if route == "describe":
+                batch.bind(self.context)
+                self.batch = batch
+                self.handler.context = self.context
+                self._invalidate_from("preprocess")
+                result = self._stage("describe", lambda: [self.handler.describe_handle()], batch.data, len(batch))
+                stages, output, mode = {"describe": result}, result.output, "describe"
+            else:
+                pre = self.preprocess(batch)
+                if route == "explain":
+                    self.handler._is_explain()  # TorchServe's handle sets handler.explain here
+                    data = batch.data
+                    result = self._stage("explain", lambda: self.handler.explain_handle(pre.output, data), pre.output, len(batch))
+                    stages, output, mode = {"preprocess": pre, "explain": result}, result.output, "explain"
+                else:
+                    inf = self.inference()
+                    post = self.postprocess()
+                    stages, output, mode = {"preprocess": pre, "inference": inf, "postprocess": post}, post.output, "stages"
+            metrics = getattr(self.context, "metrics", None)
+            if metrics is not None:  # what BaseHandler.handle records around the stages
+                metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
+            if mode in ("describe", "explain"):
+                last = stages[mode]
+                last.problems = check_output(output, len(batch), stage=mode)
+        all_stages = {"initialize": self.results["initialize"], **stages}
+        return Run(output=output, stages=all_stages, batch_size=len(batch), mode=mode)
+
+    def handle_stage(self, batch_or_data: Any) -> StageResult:
+        """``handle(data, context)`` as one stage (timed, captured, contract-checked)."""
+        from handlerkit.diagnostics.contract import check_output
+
+        batch = self._coerce(batch_or_data)
+        self.batch = batch
+        self._invalidate_from("preprocess")
+        batch.bind(self.context)
+        entry = self.function if self.is_function else self.handler.handle
+        data = batch.data
+        calls: list[str] = []
+        with self._spy_stages(calls):
+            result = self._stage("handle", lambda: entry(data, self.context), data, len(batch))
+        result.problems = check_output(result.output, len(batch), stage="handle")
+        if self._overrides_handle and not calls:
+            result.problems.append(
+                f"{self.name}.handle() never called preprocess, inference or postprocess: edits to those "
+                "methods have no effect, here or under TorchServe; fix: call them from handle(), or drop the "
+                "handle override and let BaseHandler.handle run them"
+            )
+        result.called_stages = calls  # type: ignore[attr-defined]
+        self._warn_problems(result)
+        return result
+
+    @contextlib.contextmanager
+    def _spy_stages(self, calls: list[str]) -> Iterator[None]:
+        """Note which stage methods a custom handle() calls (instance attributes, removed after)."""
+        if not self._overrides_handle or self.handler is None:
+            yield
+            return
+        patched = []
+        for name in ("preprocess", "inference", "postprocess"):
+            method = getattr(self.handler, name, None)
+            if method is None or name in vars(self.handler):
+                continue
+
+            def spy(*args: Any, _m: Any = method, _n: str = name, **kwargs: Any) -> Any:
+                calls.append(_n)
+                return _m(*args, **kwargs)
+
+            setattr(self.handler, name, spy)
+            patched.append(name)
+        try:
+            yield
+        finally:
+            for name in patched:
+                delattr(self.handler, name)
+
+    _warned_single = False
+
+    def _warn_single_stage_once(self) -> None:
+        if self._overrides_handle and not self._warned_single:
+            self._warned_single = True
+            warnings.warn(
+                f"handlerkit: {self.name} overrides handle(), so TorchServe runs that method and not "
+                "preprocess → inference → postprocess on their own; the harness runs it as one 'handle' stage",
+                HandlerkitWarning,
+                stacklevel=3,
+            )
+
+    def handle(self, batch_or_data: Any) -> Any:
+        """Exactly ``handler.handle(batch.data, context)`` (after binding the batch)."""
+        batch = self._coerce(batch_or_data)
+        batch.bind(self.context)
+        entry = self.function if self.is_function else self.handler.handle
+        with self._imports():
+            return entry(batch.data, self.context)
+
+    # -- reports -----------------------------------------------------------------------------
+    def time(self, batch_or_data: Any, warmup: int = 3, repeat: int = 20) -> Any:
+        """Per-stage min / median / p90 / mean over ``repeat`` runs (device-synchronised)."""
+        from handlerkit.diagnostics.profile import time_stages
+
+        return time_stages(self, self._coerce(batch_or_data), warmup=warmup, repeat=repeat)
+
+    def sweep(self, batch_or_data: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8), warmup: int = 2, repeat: int = 10) -> Any:
+        """Latency and throughput per stage for each batch size (requests repeated to size)."""
+        from handlerkit.diagnostics.profile import sweep_stages
+
+        return sweep_stages(self, self._coerce(batch_or_data), batch_sizes=batch_sizes, warmup=warmup, repeat=repeat)
+
+    def device_report(self) -> Any:
+        """Device chosen and why, accelerators, TF32, where parameters and stage tensors live."""
+        from handlerkit.diagnostics.device import build_device_report
+
+        return build_device_report(self)
+
+    def check(self, batch_or_data: Any, *, atol: float = 1e-4, rtol: float = 1e-4) -> Any:
+        """Contract checks: output shape/type, statuses, batch parity, request encodings."""
+        from handlerkit.diagnostics.contract import run_checks
+
+        return run_checks(self, self._coerce(batch_or_data), atol=atol, rtol=rtol)
+
+    # -- reload ------------------------------------------------------------------------------
+    def reload(self) -> None:
+        """Re-import the handler's source and rebind its methods; the loaded model stays.
+
+        The module is executed afresh from its file; only when that succeeds is the live
+        handler's class swapped for the new definition (``initialize`` is not re-run).
+        Results of preprocess and later are dropped.
+        """
+        target = self.function if self.is_function else type(self.handler)
+        with self._imports():  # a model-dir module is in sys.modules only inside this block
+            module = sys.modules.get(target.__module__)
+            path = getattr(module, "__file__", None)
+            if module is None or not path or not os.path.isfile(path):
+                raise HandlerkitError(f"cannot reload {self.name}: its module {target.__module__!r} has no source file")
+            spec = importlib.util.spec_from_file_location(module.__name__, path)
+            if spec is None or spec.loader is None:
+                raise HandlerkitError(f"cannot reload {self.name}: no loader for {path}")
+            fresh = importlib.util.module_from_spec(spec)
+            try:
+                spec.loader.exec_module(fresh)
+            except Exception as exc:
+                raise StageError(
+                    f"reload of {path} failed, the handler keeps its previous code: {type(exc).__name__}: {exc}",
+                    stage="reload",
+                    handler=self.name,
+                    original=exc,
+                ) from exc
+            replacement = getattr(fresh, target.__name__, None)
+            if replacement is None:
+                raise HandlerkitError(
+                    f"reload of {path}: it no longer defines {target.__name__}; the handler keeps its previous code"
+                )
+            sys.modules[module.__name__] = fresh
+        if self.is_function:
+            self.function = replacement
+        else:
+            self.handler.__class__ = replacement
+            self._overrides_handle = not _is_known_base_handle(getattr(replacement, "handle", None))
+        self._invalidate_from("preprocess")
+
+    def __repr__(self) -> str:
+        done = ", ".join(f"{k}{'' if v.ok else '!'}" for k, v in self.results.items()) or "nothing run yet"
+        return f"<Harness {self.name}: {done}>"

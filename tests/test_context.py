@@ -1,0 +1,698 @@
+"""MockContext, RequestProcessor and the recording metrics store (handlerkit.context)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+
+from handlerkit.context import (
+    Dimension,
+    MetricRecord,
+    MetricType,
+    MockContext,
+    RecordingMetrics,
+    RequestProcessor,
+    ResponseInfo,
+    bind_requests,
+    read_responses,
+)
+from handlerkit.errors import ConfigError, HandlerkitWarning, ModelLoadError
+
+# ---------------------------------------------------------------------------------------------
+# RequestProcessor
+# ---------------------------------------------------------------------------------------------
+
+
+def test_request_processor_defaults_and_setters():
+    headers = {"explain": "True", "body": {"content-type": "image/png"}}
+    rp = RequestProcessor(headers)
+    assert rp.get_response_status_code() == 200
+    assert rp.get_response_status_phrase() is None
+    assert rp.get_response_headers() == {}
+    assert rp.get_request_property("explain") == "True"
+    assert rp.get_request_property("body") == {"content-type": "image/png"}
+    assert rp.get_request_property("Explain") is None  # case-sensitive, as TorchServe
+    assert rp.get_request_properties() is headers  # kept by reference, as TorchServe
+
+    rp.report_status(404, reason_phrase="nope")
+    assert (rp.get_response_status_code(), rp.get_response_status_phrase()) == (404, "nope")
+    rp.report_status(500)
+    assert rp.get_response_status_phrase() is None
+
+    rp.add_response_property("content-type", "application/json")
+    assert rp.get_response_header("content-type") == "application/json"
+    assert rp.get_response_header("missing") is None
+    assert rp.get_response_headers() == {"content-type": "application/json"}
+    assert "500" in repr(rp)
+
+
+# ---------------------------------------------------------------------------------------------
+# MockContext: TorchServe's test signature and every Context method
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mock_context_accepts_torchserve_test_signature(tmp_path):
+    (tmp_path / "cfg.yaml").write_text("handler:\n  topk: 3\nbatchSize: 4\n")
+    ctx = MockContext("weights.pt", str(tmp_path), "net.py", "1", "resnet", "cfg.yaml")
+    assert ctx.model_name == "resnet"
+    assert ctx.manifest == {
+        "model": {
+            "modelName": "resnet",
+            "serializedFile": "weights.pt",
+            "modelFile": "net.py",
+            "configFile": "cfg.yaml",
+        }
+    }
+    assert ctx.model_yaml_config == {"handler": {"topk": 3}, "batchSize": 4}
+    assert type(ctx.model_yaml_config) is dict
+    assert ctx.model_yaml_config["handler"]["topk"] == 3
+    props = ctx.system_properties
+    assert props == {
+        "model_dir": str(tmp_path),
+        "gpu_id": "1",
+        "batch_size": 1,
+        "server_name": "MMS",
+        "server_version": "0.12.0",
+        "limit_max_image_pixels": True,
+    }
+
+
+def test_mock_context_defaults(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    ctx = MockContext()
+    assert ctx.system_properties["model_dir"] == str(tmp_path)
+    assert os.path.isabs(ctx.system_properties["model_dir"])
+    assert ctx.system_properties["gpu_id"] == "0"
+    assert ctx.manifest == {"model": {"modelName": "mnist", "serializedFile": "model.pt", "modelFile": "model.py"}}
+    assert ctx.model_yaml_config == {}
+    assert ctx.stopping_criteria is None
+    # One placeholder request so handlers can read headers before any batch.
+    assert list(ctx.request_ids) == [0]
+    uuid.UUID(ctx.request_ids[0])
+    assert ctx.get_request_header(0, "explain") is None
+    assert ctx.get_all_request_header(0) == {}
+    assert isinstance(ctx.metrics, RecordingMetrics)
+    assert ctx.metrics.model_name == "mnist"
+    assert ctx.metrics.request_ids == ctx.request_ids
+
+
+def test_mock_context_falsy_files_left_out_and_gpu_none_kept():
+    ctx = MockContext(model_pt_file=None, model_file="", gpu_id=None)
+    assert ctx.manifest == {"model": {"modelName": "mnist"}}
+    assert ctx.system_properties["gpu_id"] is None
+
+
+def test_mock_context_keyword_extras():
+    metrics = RecordingMetrics()
+    manifest = {"runtime": "python", "model": {"modelName": "x", "handler": "h.py"}}
+    ctx = MockContext(
+        manifest=manifest,
+        batch_size=8,
+        limit_max_image_pixels=False,
+        model_yaml_config={"handler": {"a": 1}},
+        metrics=metrics,
+        server_version="9.9",
+    )
+    assert ctx.manifest is manifest
+    assert ctx.system_properties["batch_size"] == 8
+    assert ctx.system_properties["limit_max_image_pixels"] is False
+    assert ctx.system_properties["server_version"] == "9.9"
+    assert ctx.model_yaml_config == {"handler": {"a": 1}}
+    assert ctx.metrics is metrics
+
+
+def test_mock_context_config_object_with_raw_and_conflicts(tmp_path):
+    class Cfg:
+        raw = {"batchSize": 2}
+
+    assert MockContext(model_yaml_config=Cfg()).model_yaml_config == {"batchSize": 2}
+    with pytest.raises(ValueError, match="not both"):
+        MockContext(model_dir=tmp_path, model_yaml_config_file="c.yaml", model_yaml_config={})
+    with pytest.raises(TypeError, match="mapping"):
+        MockContext(model_yaml_config=["a"])
+
+
+def test_system_properties_is_read_only_property():
+    ctx = MockContext()
+    with pytest.raises(AttributeError):
+        ctx.system_properties = {}
+
+
+def _bound(ctx, headers):
+    ids = {i: f"req-{i}" for i in range(len(headers))}
+    return bind_requests(ctx, ids, headers)
+
+
+def test_every_context_method():
+    ctx = MockContext()
+    _bound(
+        ctx,
+        [
+            {"body": {"content-type": "image/png"}, "explain": "True", "ts_request_sequence_id": "seq-1"},
+            {"data": {"content-type": ""}},
+        ],
+    )
+    assert ctx.get_request_id() == "req-0"
+    assert ctx.get_request_id(1) == "req-1"
+    assert ctx.get_request_id(5) is None
+    assert ctx.get_request_header(0, "explain") == "True"
+    assert ctx.get_request_header(0, "body") == {"content-type": "image/png"}
+    assert ctx.get_request_header(1, "explain") is None
+    assert ctx.get_all_request_header(1) == {"data": {"content-type": ""}}
+    assert ctx.get_sequence_id(0) == "seq-1"
+    assert ctx.get_sequence_id(1) is None
+
+    assert ctx.get_response_status(0) == (200, None)
+    ctx.set_response_status(404, "Not Found", idx=1)
+    assert ctx.get_response_status(1) == (404, "Not Found")
+    ctx.set_response_status()  # TorchServe's defaults: 200, "" on request 0
+    assert ctx.get_response_status(0) == (200, "")
+
+    ctx.set_response_content_type(0, "application/json")
+    assert ctx.get_response_content_type(0) == "application/json"
+    assert ctx.get_response_content_type(1) is None
+    ctx.set_response_header(1, "x-top", "cat")
+    assert ctx.get_response_headers(1) == {"x-top": "cat"}
+
+    assert ctx.responses() == [
+        ResponseInfo(200, "", {"content-type": "application/json"}),
+        ResponseInfo(404, "Not Found", {"x-top": "cat"}),
+    ]
+    assert ctx.responses()[0].content_type == "application/json"
+
+    ctx.set_all_response_status(507, "Out of resources")
+    assert [r[:2] for r in ctx.responses()] == [(507, "Out of resources")] * 2
+    with pytest.raises(IndexError):
+        ctx.get_request_header(2, "x")
+
+
+def test_responses_are_snapshots():
+    ctx = MockContext()
+    snapshot = ctx.responses()
+    ctx.set_response_header(0, "a", "b")
+    assert snapshot[0].headers == {}
+
+
+def test_get_request_id_without_ids():
+    ctx = MockContext()
+    ctx.request_ids = None
+    assert ctx.get_request_id(0) is None
+
+
+def test_sequence_header_names_from_env(monkeypatch):
+    monkeypatch.setenv("TS_REQUEST_SEQUENCE_ID", "x-seq")
+    monkeypatch.setenv("TS_REQUEST_SEQUENCE_START", "x-start")
+    monkeypatch.setenv("TS_REQUEST_SEQUENCE_END", "x-end")
+    ctx = MockContext()
+    assert (ctx.header_key_sequence_id, ctx.header_key_sequence_start, ctx.header_key_sequence_end) == (
+        "x-seq",
+        "x-start",
+        "x-end",
+    )
+    _bound(ctx, [{"x-seq": "s-9", "ts_request_sequence_id": "wrong"}])
+    assert ctx.get_sequence_id(0) == "s-9"
+
+
+def test_sequence_header_defaults(monkeypatch):
+    for name in ("TS_REQUEST_SEQUENCE_ID", "TS_REQUEST_SEQUENCE_START", "TS_REQUEST_SEQUENCE_END"):
+        monkeypatch.delenv(name, raising=False)
+    ctx = MockContext()
+    assert ctx.header_key_sequence_id == "ts_request_sequence_id"
+    assert ctx.header_key_sequence_start == "ts_request_sequence_start"
+    assert ctx.header_key_sequence_end == "ts_request_sequence_end"
+
+
+def test_bind_requests_gives_fresh_processors_and_copies():
+    ctx = MockContext()
+    headers = [{"body": {"content-type": "text/plain"}}]
+    _bound(ctx, headers)
+    ctx.set_response_status(500, "boom")
+    ctx.get_all_request_header(0)["body"]["content-type"] = "mutated"
+    assert headers[0]["body"]["content-type"] == "text/plain"
+    _bound(ctx, headers)
+    assert ctx.get_response_status(0) == (200, None)
+    assert ctx.metrics.request_ids == {0: "req-0"}
+    with pytest.raises(ValueError, match="one header dict per request id"):
+        bind_requests(ctx, {0: "a", 1: "b"}, [{}])
+
+
+def test_read_responses_on_plain_object():
+    class Ctx:
+        request_processor = None
+
+    assert read_responses(Ctx()) == []
+
+
+def test_intermediate_responses_are_collected():
+    ctx = MockContext()
+    ctx.cl_socket.sendall(bytearray(b"chunk"))
+    assert ctx.cl_socket.sent == [b"chunk"]
+
+
+def test_repr():
+    text = repr(MockContext(model_name="shapes", gpu_id=None))
+    assert "shapes" in text and "gpu_id=None" in text and "requests=1" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# from_model_dir
+# ---------------------------------------------------------------------------------------------
+
+
+def _manifest(tmp_path: Path, model: dict, **top) -> Path:
+    (tmp_path / "MAR-INF").mkdir()
+    path = tmp_path / "MAR-INF" / "MANIFEST.json"
+    path.write_text(json.dumps({"createdOn": "01/01/2025", "runtime": "python", "model": model, **top}))
+    return path
+
+
+def test_from_model_dir_reads_manifest_and_config(tmp_path):
+    _manifest(
+        tmp_path,
+        {
+            "modelName": "shapes",
+            "serializedFile": "weights.pth",
+            "handler": "image_classifier",
+            "modelFile": "model.py",
+            "modelVersion": "2.0",
+            "configFile": "conf.yaml",
+        },
+    )
+    (tmp_path / "conf.yaml").write_text("batchSize: 4\nhandler:\n  topk: 2\n")
+    (tmp_path / "weights.pth").write_bytes(b"x")
+    (tmp_path / "other.pt").write_bytes(b"x")  # ignored: the manifest decides
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctx = MockContext.from_model_dir(tmp_path)
+    assert ctx.model_name == "shapes"
+    assert ctx.manifest["model"]["serializedFile"] == "weights.pth"
+    assert ctx.manifest["createdOn"] == "01/01/2025"
+    assert ctx.inferred == {}
+    assert ctx.model_yaml_config == {"batchSize": 4, "handler": {"topk": 2}}
+    assert ctx.system_properties["batch_size"] == 4
+    assert ctx.system_properties["gpu_id"] is None
+    assert ctx.system_properties["model_dir"] == str(tmp_path.resolve())
+
+
+def test_from_model_dir_arguments_override(tmp_path):
+    _manifest(tmp_path, {"modelName": "shapes", "handler": "h.py", "configFile": "conf.yaml"})
+    (tmp_path / "conf.yaml").write_text("batchSize: 4\n")
+    (tmp_path / "alt.yaml").write_text("batchSize: 2\nhandler: {x: 1}\n")
+    ctx = MockContext.from_model_dir(
+        tmp_path, gpu_id=0, batch_size=16, model_name="renamed", limit_max_image_pixels=False
+    )
+    assert ctx.model_name == "renamed"
+    assert ctx.system_properties["batch_size"] == 16
+    assert ctx.system_properties["gpu_id"] == 0
+    assert ctx.system_properties["limit_max_image_pixels"] is False
+    alt = MockContext.from_model_dir(tmp_path, config="alt.yaml")
+    assert alt.model_yaml_config == {"batchSize": 2, "handler": {"x": 1}}
+    assert alt.system_properties["batch_size"] == 2
+    absolute = MockContext.from_model_dir(tmp_path, config=tmp_path / "alt.yaml")
+    assert absolute.model_yaml_config["handler"] == {"x": 1}
+    with pytest.raises(ModelLoadError, match="nope.yaml"):
+        MockContext.from_model_dir(tmp_path, config="nope.yaml")
+
+
+def test_from_model_dir_config_relative_to_cwd(tmp_path, monkeypatch):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "model.pt").write_bytes(b"")
+    (tmp_path / "outside.yaml").write_text("batchSize: 3\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(HandlerkitWarning):
+        ctx = MockContext.from_model_dir(model_dir, config="outside.yaml")
+    assert ctx.system_properties["batch_size"] == 3
+
+
+def test_from_model_dir_manifest_without_config_file_ignores_model_config_yaml(tmp_path):
+    _manifest(tmp_path, {"modelName": "m", "handler": "h.py"})
+    (tmp_path / "model-config.yaml").write_text("batchSize: 8\n")
+    with pytest.warns(HandlerkitWarning, match="names no configFile"):
+        ctx = MockContext.from_model_dir(tmp_path)
+    assert ctx.model_yaml_config == {}
+    assert ctx.system_properties["batch_size"] == 1
+
+
+def test_from_model_dir_infers_manifest_and_says_so(tmp_path):
+    model_dir = tmp_path / "shapes"
+    model_dir.mkdir()
+    for name in ("model.onnx", "model.py", "handler.py", "index_to_name.json"):
+        (model_dir / name).write_bytes(b"")
+    (model_dir / "model-config.yaml").write_text("batchSize: 2\nhandler:\n  threshold: 0.5\n")
+    with pytest.warns(HandlerkitWarning) as caught:
+        ctx = MockContext.from_model_dir(model_dir)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert message.startswith("handlerkit: ")
+    for fragment in (
+        "no MAR-INF/MANIFEST.json",
+        "serializedFile='model.onnx' (the only weights file",
+        "modelFile='model.py'",
+        "handler='handler.py'",
+        "configFile='model-config.yaml'",
+        "modelName='shapes' (the model dir's name)",
+        "modelVersion='1.0'",
+        "runtime='python'",
+    ):
+        assert fragment in message
+    assert caught[0].filename == __file__  # stacklevel points at the caller
+    assert ctx.manifest == {
+        "runtime": "python",
+        "model": {
+            "modelName": "shapes",
+            "serializedFile": "model.onnx",
+            "modelFile": "model.py",
+            "handler": "handler.py",
+            "configFile": "model-config.yaml",
+            "modelVersion": "1.0",
+        },
+    }
+    assert set(ctx.inferred) == {
+        "modelName",
+        "serializedFile",
+        "modelFile",
+        "handler",
+        "configFile",
+        "modelVersion",
+        "runtime",
+    }
+    assert "only weights file" in ctx.inferred["serializedFile"]
+    assert ctx.model_name == "shapes"
+    assert ctx.model_yaml_config == {"batchSize": 2, "handler": {"threshold": 0.5}}
+    assert ctx.system_properties["batch_size"] == 2
+
+
+def test_from_model_dir_infers_minimal_dir(tmp_path):
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    with pytest.warns(HandlerkitWarning, match="serializedFile='weights.safetensors'") as caught:
+        ctx = MockContext.from_model_dir(tmp_path, model_name="given")
+    assert ctx.manifest["model"] == {"modelName": "given", "serializedFile": "weights.safetensors", "modelVersion": "1.0"}
+    assert ctx.inferred["modelName"] == "the model_name argument"
+    assert "modelFile" not in ctx.inferred and "handler" not in ctx.inferred
+    assert ctx.model_yaml_config == {}
+    assert "no serializedFile" not in str(caught[0].message)
+
+
+def test_from_model_dir_without_weights_says_none_found(tmp_path):
+    (tmp_path / "handler.py").write_text("")
+    with pytest.warns(HandlerkitWarning, match=r"no serializedFile \(no \*\.pt/"):
+        ctx = MockContext.from_model_dir(tmp_path)
+    assert "serializedFile" not in ctx.manifest["model"]
+
+
+def test_from_model_dir_ambiguous_weights(tmp_path):
+    for name in ("a.pt", "b.pth", "model.py"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"several weights files: a\.pt, b\.pth.*MAR-INF/MANIFEST\.json") as info:
+        MockContext.from_model_dir(tmp_path)
+    assert info.value.path == str(tmp_path.resolve())
+
+
+def test_from_model_dir_malformed_manifest_json(tmp_path):
+    (tmp_path / "MAR-INF").mkdir()
+    path = tmp_path / "MAR-INF" / "MANIFEST.json"
+    path.write_text('{"model": {"modelName": "x",}')
+    with pytest.raises(ModelLoadError, match=r"MANIFEST\.json is not valid JSON .*delete MAR-INF/MANIFEST\.json") as info:
+        MockContext.from_model_dir(tmp_path)
+    assert info.value.path == str(path.resolve())
+
+
+def test_from_model_dir_manifest_without_model_object(tmp_path):
+    _manifest(tmp_path, model="oops")
+    with pytest.raises(ModelLoadError, match='must be a JSON object with a "model" object'):
+        MockContext.from_model_dir(tmp_path)
+
+
+def test_from_model_dir_malformed_yaml(tmp_path):
+    (tmp_path / "model.pt").write_bytes(b"")
+    (tmp_path / "model-config.yaml").write_text("handler:\n  a: [1, 2\n")
+    with pytest.warns(HandlerkitWarning), pytest.raises(ConfigError, match=r"model-config\.yaml.* is not valid YAML"):
+        MockContext.from_model_dir(tmp_path)
+
+
+def test_from_model_dir_yaml_not_a_mapping_and_bad_batch_size(tmp_path):
+    (tmp_path / "model.pt").write_bytes(b"")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "bad.yaml").write_text("batchSize: four\n")
+    (tmp_path / "empty.yaml").write_text("")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HandlerkitWarning)
+        with pytest.raises(ConfigError, match="must be a YAML mapping"):
+            MockContext.from_model_dir(tmp_path, config="list.yaml")
+        with pytest.raises(ConfigError, match="batchSize .* must be a positive integer: got 'four'"):
+            MockContext.from_model_dir(tmp_path, config="bad.yaml")
+        assert MockContext.from_model_dir(tmp_path, config="empty.yaml").model_yaml_config == {}
+
+
+def test_from_model_dir_manifest_names_missing_config(tmp_path):
+    _manifest(tmp_path, {"modelName": "m", "configFile": "gone.yaml"})
+    with pytest.raises(ModelLoadError, match="configFile 'gone.yaml'"):
+        MockContext.from_model_dir(tmp_path)
+
+
+def test_from_model_dir_missing_dir(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist") as info:
+        MockContext.from_model_dir(tmp_path / "nope")
+    assert info.value.path == str(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ModelLoadError, match="is not a directory"):
+        MockContext.from_model_dir(tmp_path / "file")
+
+
+def test_model_yaml_config_file_missing(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        MockContext(model_dir=tmp_path, model_yaml_config_file="nope.yaml")
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def metrics():
+    return RecordingMetrics(model_name="mnist", request_ids={0: "r0", 1: "r1"})
+
+
+def test_each_api_call_is_recorded(metrics):
+    metrics.add_counter("Requests", 2)
+    metrics.add_time("HandlerTime", 12.5)
+    metrics.add_time("Seconds", 1, unit="s", idx=1)
+    metrics.add_size("Mem", 3, idx=0)
+    metrics.add_size("Bytes", 3, unit="B")
+    metrics.add_percent("Util", 50.0, metric_type=MetricType.HISTOGRAM)
+    metrics.add_error("Failures", 1)
+    metrics.add_metric("Custom", 7, "widgets", idx=0, dimensions=[Dimension("Color", "red")], metric_type=MetricType.GAUGE)
+    by_name = {r.name: r for r in metrics.records}
+    model_dims = {"ModelName": "mnist", "Level": "Model"}
+
+    assert by_name["Requests"].unit == "count"
+    assert by_name["Requests"].metric_type == "counter"
+    assert by_name["Requests"].request_id == "r0,r1"  # no idx: every id, as TorchServe
+    assert by_name["Requests"].dimensions == model_dims
+    assert (by_name["HandlerTime"].unit, by_name["HandlerTime"].metric_type) == ("ms", "gauge")
+    assert (by_name["Seconds"].unit, by_name["Seconds"].request_id) == ("s", "r1")
+    assert (by_name["Mem"].unit, by_name["Mem"].request_id) == ("MB", "r0")
+    assert by_name["Bytes"].unit == "B"
+    assert (by_name["Util"].unit, by_name["Util"].metric_type) == ("percent", "histogram")
+    assert by_name["Failures"].dimensions == {"Level": "Error"}
+    assert (by_name["Failures"].unit, by_name["Failures"].metric_type, by_name["Failures"].request_id) == ("", "counter", "")
+    assert by_name["Custom"].dimensions == {"Color": "red", **model_dims}
+    assert (by_name["Custom"].unit, by_name["Custom"].value, by_name["Custom"].metric_type) == ("widgets", 7, "gauge")
+    assert all(isinstance(r, MetricRecord) and r.timestamp > 0 for r in metrics.records)
+    assert len(metrics) == 8
+
+
+def test_no_request_ids_means_error_level():
+    m = RecordingMetrics(model_name="m")
+    m.add_time("Load", 3)
+    assert m.last("Load").dimensions == {"Level": "Error"}
+    assert m.last("Load").request_id is None
+
+
+def test_request_id_string_like_model_load():
+    m = RecordingMetrics(model_name="m", request_ids="load-id")
+    m.add_counter("C", 1)
+    assert m.last("C").request_id == "load-id"
+    assert m.last("C").dimensions == {"ModelName": "m", "Level": "Model"}
+
+
+def test_dimensions_accept_dicts_pairs_and_ts_like_objects(metrics):
+    class TsDim:  # duck-typed like ts.metrics.dimension.Dimension
+        def __init__(self, name, value):
+            self.name, self.value = name, value
+
+    metrics.add_counter("A", 1, dimensions={"K": "v"})
+    metrics.add_counter("B", 1, dimensions=[("K", "v")])
+    metrics.add_counter("C", 1, dimensions=[TsDim("K", "v"), TsDim("Level", "Custom")])
+    assert metrics.last("A").dimensions == metrics.last("B").dimensions == {"K": "v", "ModelName": "mnist", "Level": "Model"}
+    assert metrics.last("C").dimensions == {"K": "v", "Level": "Custom", "ModelName": "mnist"}
+    with pytest.raises(TypeError, match="Dimension"):
+        metrics.add_counter("D", 1, dimensions=["oops"])
+    with pytest.raises(TypeError, match="list of Dimension"):
+        metrics.add_counter("D", 1, dimensions="K=v")
+
+
+def test_default_dimension_list_is_not_mutated(metrics):
+    dims = [Dimension("K", "v")]
+    metrics.add_counter("A", 1, dimensions=dims)
+    assert dims == [Dimension("K", "v")]
+
+
+def test_units_are_checked(metrics):
+    with pytest.raises(ValueError, match=r"\['ms', 's'\]"):
+        metrics.add_time("T", 1, unit="us")
+    with pytest.raises(ValueError, match="'MB', 'kB', 'GB', 'B'"):
+        metrics.add_size("S", 1, unit="TB")
+    assert len(metrics) == 0
+
+
+def test_bad_values_raise_type_error(metrics):
+    with pytest.raises(TypeError, match="needs a number: got str"):
+        metrics.add_counter("C", "1")
+    with pytest.raises(TypeError, match="needs a number"):
+        metrics.add_time("T", None)
+
+    class Tensorish:
+        def item(self):
+            return 1.0
+
+    with pytest.raises(TypeError, match=r"\.item\(\)"):
+        metrics.add_time("T", Tensorish())
+    assert len(metrics) == 0
+
+
+def test_negative_counter_is_dropped_with_warning(metrics):
+    with pytest.warns(HandlerkitWarning, match="cannot be decreased") as caught:
+        metrics.add_counter("C", -1)
+    assert caught[0].filename == __file__  # points at the caller, not at handlerkit
+    assert metrics.find("C") == []
+    metrics.add_time("G", -1)  # gauges may go down
+    assert metrics.last("G").value == -1
+
+
+def test_metric_types_from_torchserve_enum_and_strings(metrics):
+    import enum
+
+    class MetricTypes(enum.Enum):  # same shape as ts.metrics.metric_type_enum.MetricTypes
+        COUNTER = "counter"
+        GAUGE = "gauge"
+        HISTOGRAM = "histogram"
+
+    metrics.add_metric("A", 1, "ms", metric_type=MetricTypes.HISTOGRAM)
+    metrics.add_metric("B", 1, "ms", metric_type="gauge")
+    assert metrics.last("A").metric_type == "histogram"
+    assert metrics.last("B").metric_type == "gauge"
+    assert metrics.get_metric("A", MetricTypes.HISTOGRAM) is metrics.get_metric("A", MetricType.HISTOGRAM)
+    with pytest.raises(TypeError, match="metric_type must be a MetricType"):
+        metrics.add_metric("C", 1, "ms", metric_type="summary")
+
+
+def test_add_metric_to_cache_and_add_or_update(metrics):
+    metric = metrics.add_metric_to_cache("Latency", "ms", ["ModelName", "Stage"], MetricType.HISTOGRAM)
+    assert metrics.get_metric("Latency", MetricType.HISTOGRAM) is metric
+    assert len(metrics) == 0  # declaring records nothing
+    metric.add_or_update(4.5, ["mnist", "pre"], request_id="r9")
+    metric.add_or_update(5.5, ["mnist", "post"])
+    first, second = metrics.find("Latency")
+    assert first == MetricRecord("Latency", 4.5, "ms", {"ModelName": "mnist", "Stage": "pre"}, "r9", "histogram", first.timestamp)
+    assert (second.request_id, second.dimensions["Stage"]) == ("", "post")
+    assert metrics.last("Latency") is second
+
+    with pytest.warns(HandlerkitWarning, match=r"declared with dimensions \['ModelName', 'Stage'\]"):
+        metric.add_or_update(1.0, ["only-one"])
+    assert len(metrics.find("Latency")) == 2
+
+    with pytest.raises(KeyError, match="doesn't exist"):
+        metrics.get_metric("Latency")  # default type: counter
+    with pytest.raises(TypeError, match="metric_name"):
+        metrics.add_metric_to_cache(3, "ms")
+    with pytest.raises(TypeError, match="unit"):
+        metrics.add_metric_to_cache("X", None)
+    with pytest.raises(TypeError, match="dimension_names"):
+        metrics.add_metric_to_cache("X", "ms", "ModelName")
+
+
+def test_default_metric_type_is_counter(metrics):
+    metric = metrics.add_metric_to_cache("Hits", "count")
+    assert metrics.get_metric("Hits") is metric
+    metric.add_or_update(1)
+    assert metrics.last("Hits").dimensions == {}
+
+
+def test_first_call_fixes_unit_and_dimensions(metrics):
+    metrics.add_time("T", 1, unit="s")
+    metrics.add_time("T", 2, unit="ms")  # TorchServe reuses the cached metric: unit stays "s"
+    assert [r.unit for r in metrics.find("T")] == ["s", "s"]
+    with pytest.warns(HandlerkitWarning, match="drops the value"):
+        metrics.add_time("T", 3, dimensions={"Extra": "x"})
+    assert len(metrics.find("T")) == 2
+
+
+def test_update_backwards_compat(metrics):
+    metric = metrics.add_metric_to_cache("U", "count", ["A"])
+    metric.update(3, "rid", [Dimension("B", "b")])
+    assert metric.dimension_names == ["B"]
+    assert metrics.last("U").dimensions == {"B": "b"}
+    assert metrics.last("U").request_id == "rid"
+
+
+def test_windowing_with_mark_and_since(metrics):
+    metrics.add_counter("before", 1)
+    start = metrics.mark()
+    metrics.add_counter("during", 1)
+    metrics.add_time("during_t", 2)
+    assert [r.name for r in metrics.since(start)] == ["during", "during_t"]
+    end = metrics.mark()
+    assert metrics.since(end) == []
+    metrics.clear()
+    assert len(metrics) == 0 and metrics.since(start) == []
+    metrics.add_counter("after", 1)
+    assert [r.name for r in metrics.since(end)] == ["after"]
+    assert [r.name for r in metrics.since(0)] == ["after"]
+    assert metrics.get_metric("before") is not None  # declared metrics survive clear()
+
+
+def test_find_last_names_len_iter_bool_repr(metrics):
+    assert metrics  # an empty store is still truthy
+    assert metrics.last("x") is None and metrics.find("x") == [] and metrics.names() == []
+    metrics.add_counter("a", 1)
+    metrics.add_counter("b", 1)
+    metrics.add_counter("a", 2)
+    assert metrics.names() == ["a", "b"]
+    assert [r.value for r in metrics.find("a")] == [1, 2]
+    assert metrics.last("a").value == 2
+    assert [r.name for r in metrics] == ["a", "b", "a"]
+    assert "3 records" in repr(metrics) and "a, b" in repr(metrics)
+
+
+def test_record_str_is_torchserve_log_line(metrics):
+    metrics.add_time("HandlerTime", 12.5, idx=0)
+    record = metrics.last("HandlerTime")
+    assert record.unit_name == "Milliseconds"
+    assert str(record) == "[METRICS]HandlerTime.Milliseconds:12.5|#ModelName:mnist,Level:Model|#type:GAUGE|r0"
+
+
+def test_set_request_ids(metrics):
+    metrics.set_request_ids({0: "z"})
+    metrics.add_counter("c", 1, idx=0)
+    assert metrics.last("c").request_id == "z"
+
+
+def test_context_metrics_follow_bound_requests():
+    ctx = MockContext(model_name="m")
+    _bound(ctx, [{}, {}])
+    ctx.metrics.add_time("T", 1, idx=1)
+    assert ctx.metrics.last("T").request_id == "req-1"
+    assert ctx.metrics.last("T").dimensions["ModelName"] == "m"
+
+
+def test_metrics_model_name_kept_when_given():
+    ctx = MockContext(model_name="m", metrics=RecordingMetrics(model_name="other"))
+    assert ctx.metrics.model_name == "other"

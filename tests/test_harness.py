@@ -1,0 +1,432 @@
+"""The Harness: stages, fidelity with handle(), errors, reload, reports."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import textwrap
+import warnings
+
+import pytest
+import torch
+from PIL import Image
+
+import handlerkit as hk
+from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
+from handlerkit.handlers.image_classifier import ImageClassifier
+
+TINY_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class TinyNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.AvgPool2d(8), nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.features(x), 1))
+    """
+)
+
+
+def make_model_dir(root, name="tiny", seed=0, model_src=TINY_MODEL, labels=("red", "green", "blue"), config=None):
+    import importlib.util
+
+    model_dir = root / name
+    model_dir.mkdir()
+    (model_dir / "model.py").write_text(model_src)
+    spec = importlib.util.spec_from_file_location(f"_tiny_{name}", model_dir / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(seed)
+    torch.save(module.TinyNet().state_dict(), model_dir / "model.pt")
+    if labels:
+        (model_dir / "index_to_name.json").write_text(json.dumps({str(i): l for i, l in enumerate(labels)}))
+    if config:
+        (model_dir / "model-config.yaml").write_text(config)
+    return model_dir
+
+
+def png_bytes(color=(200, 30, 30), size=64):
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def context_for(model_dir, **kwargs):
+    return hk.MockContext(model_dir=str(model_dir), model_file="model.py", model_pt_file="model.pt", gpu_id=None, **kwargs)
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    return make_model_dir(tmp_path)
+
+
+@pytest.fixture
+def images():
+    return [hk.Request.from_bytes(png_bytes(c)) for c in [(200, 30, 30), (30, 200, 30), (30, 30, 200)]]
+
+
+@pytest.fixture
+def harness(model_dir):
+    h = hk.Harness("image_classifier", context_for(model_dir))
+    h.initialize()
+    return h
+
+
+# ---------------------------------------------------------------------------- construction
+def test_accepts_instance_class_spec_and_function(model_dir, images):
+    outputs = []
+    for handler in (ImageClassifier(), ImageClassifier, "image_classifier"):
+        h = hk.Harness(handler, context_for(model_dir))
+        outputs.append(h.run(hk.batch(*images)).output)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert len(outputs[0]) == 3 and all(len(item) == 3 for item in outputs[0])
+
+    seen = {}
+
+    def handle(data, context):
+        if data is None:
+            seen["init"] = context
+            return None
+        return [len(row["body"]) for row in data]
+
+    h = hk.Harness(handle, context_for(model_dir))
+    run = h.run(hk.batch(*images))
+    assert seen["init"] is h.context
+    assert run.output == [len(png_bytes(c)) for c in [(200, 30, 30), (30, 200, 30), (30, 30, 200)]]
+    assert list(run.stages) == ["initialize", "handle"]
+
+
+def test_spec_string_from_model_dir(model_dir, images):
+    (model_dir / "my_handler.py").write_text(
+        "from handlerkit.handlers.image_classifier import ImageClassifier\n\n\n"
+        "class Top1(ImageClassifier):\n    topk = 1\n"
+    )
+    h = hk.Harness("my_handler.py", context_for(model_dir))
+    out = h.run(hk.batch(*images)).output
+    assert type(h.handler).__name__ == "Top1"
+    assert all(len(item) == 1 for item in out)
+
+
+def test_rejects_non_handlers():
+    with pytest.raises(TypeError, match="handler instance, class, spec string"):
+        hk.Harness(42)
+
+
+# ---------------------------------------------------------------------------- stages
+def test_stage_results_carry_everything(harness, images):
+    pre = harness.preprocess(hk.batch(*images))
+    assert pre.ok and pre.stage == "preprocess"
+    assert pre.tensors[0].shape == (3, 3, 224, 224) and pre.tensors[0].dtype == "float32"
+    assert pre.tensors[0].device == "cpu" and pre.devices == ["cpu"]
+    assert pre.wall_ms > 0 and pre.device_ms is None
+    assert pre.cpu_peak_bytes and pre.cpu_peak_delta_bytes is not None
+    assert isinstance(pre.input, list) and isinstance(pre.input[0]["body"], bytearray)
+    inf = harness.inference()
+    assert inf.tensors[0].shape == (3, 3)
+    assert torch.equal(inf.input, pre.output)
+    post = harness.postprocess()
+    assert post.ok and post.problems == []
+    assert list(harness.results) == ["initialize", "preprocess", "inference", "postprocess"]
+    assert "preprocess" in repr(pre) and "<table" in pre._repr_html_() and "wall" in str(pre)
+
+
+def test_rerunning_a_stage_invalidates_later_ones(harness, images):
+    harness.preprocess(hk.batch(*images))
+    harness.inference()
+    harness.postprocess()
+    harness.preprocess(hk.batch(images[0]))
+    assert list(harness.results) == ["initialize", "preprocess"]
+    with pytest.raises(HandlerkitError, match="needs the output of inference"):
+        harness.postprocess()
+
+
+def test_intermediate_can_be_replaced_by_hand(harness, images):
+    harness.preprocess(hk.batch(images[0]))
+    harness.inference()
+    forced = torch.tensor([[0.0, 0.0, 10.0]])
+    post = harness.postprocess(forced)
+    assert max(post.output[0], key=post.output[0].get) == "blue"
+    custom = harness.inference(torch.zeros(1, 3, 224, 224))
+    assert custom.input.shape == (1, 3, 224, 224)
+
+
+def test_run_equals_handle_for_handlerkit_handler(harness, images):
+    batch = hk.batch(*images)
+    assert harness.run(batch).output == harness.handle(batch)
+    direct = ImageClassifier()
+    ctx = context_for(harness.model_dir)
+    direct.initialize(ctx)
+    batch.bind(ctx)
+    assert harness.run(batch).output == direct.handle(batch.data, ctx)
+
+
+def test_run_records_handler_time_and_stage_metrics(tmp_path, images):
+    model_dir = make_model_dir(tmp_path, config="handler:\n  profile: true\n")
+    ctx = hk.MockContext.from_model_dir(str(model_dir), config=str(model_dir / "model-config.yaml")) if False else None
+    ctx = context_for(model_dir, model_yaml_config_file="model-config.yaml")
+    h = hk.Harness("image_classifier", ctx)
+    run = h.run(hk.batch(*images))
+    assert [m.name for m in run.stages["preprocess"].metrics] == ["ts_handler_preprocess"]
+    assert [m.name for m in run.stages["inference"].metrics] == ["ts_handler_inference"]
+    assert ctx.metrics.find("HandlerTime")
+
+
+def test_logs_and_warnings_are_captured_per_stage(model_dir, images):
+    import logging
+
+    class Chatty(ImageClassifier):
+        def preprocess(self, data):
+            logging.getLogger("chatty").info("decoding %d images", len(data))
+            warnings.warn("odd image", UserWarning)
+            return super().preprocess(data)
+
+    h = hk.Harness(Chatty, context_for(model_dir))
+    h.initialize()
+    pre = h.preprocess(hk.batch(*images))
+    assert any(e.message == "decoding 3 images" and e.logger == "chatty" for e in pre.logs)
+    assert [str(w.message) for w in pre.warnings] == ["odd image"]
+    assert h.inference().logs == []
+
+
+# ---------------------------------------------------------------------------- errors
+def test_bad_request_is_a_stage_error_with_the_request_index(harness, images):
+    bad = hk.Request.from_bytes(b"not an image at all")
+    with pytest.raises(StageError) as info:
+        harness.preprocess(hk.batch(images[0], bad, images[1]))
+    err = info.value
+    assert err.stage == "preprocess" and err.request_index == 1 and err.handler == "ImageClassifier"
+    assert isinstance(err.__cause__, hk.RequestError)
+    assert "request 1" in str(err) and "fix" in str(err)
+    assert harness.results["preprocess"].error is err
+    # the harness keeps working
+    assert harness.run(hk.batch(*images)).output
+
+
+def test_request_index_found_for_torchserve_style_errors(model_dir, images):
+    class Plain(ImageClassifier):
+        def preprocess(self, data):
+            # errors without a request index, as TorchServe's handlers raise them
+            return torch.stack([self.image_processing(Image.open(io.BytesIO(row["body"]))) for row in data])
+
+    h = hk.Harness(Plain, context_for(model_dir))
+    h.initialize()
+    with pytest.raises(StageError) as info:
+        h.preprocess(hk.batch(images[0], images[1], hk.Request.from_bytes(b"garbage")))
+    assert info.value.request_index == 2
+    assert "not an image" in str(info.value)  # the fix for UnidentifiedImageError
+
+
+def test_inference_error_names_stage_and_keeps_state(harness, images):
+    harness.preprocess(hk.batch(*images))
+    pre_output = harness.results["preprocess"].output
+    with pytest.raises(StageError, match="inference failed in ImageClassifier") as info:
+        harness.inference(torch.zeros(2, 5))
+    assert info.value.stage == "inference" and isinstance(info.value.original, IndexError)
+    assert harness.results["preprocess"].output is pre_output
+    assert harness.inference().ok
+
+
+def test_initialize_error_is_a_stage_error(tmp_path):
+    h = hk.Harness("image_classifier", context_for(tmp_path / "missing"))
+    with pytest.raises(StageError) as info:
+        h.initialize()
+    assert info.value.stage == "initialize" and isinstance(info.value.original, hk.HandlerkitError)
+    assert h.handler.initialized is False
+
+
+@pytest.mark.parametrize(
+    "returned, check",
+    [
+        ("tensor", "output-type"),
+        ("dict", "output-type"),
+        ("short", "output-count"),
+        ("nan", "item-nan"),
+        ("object", "item-serialisable"),
+    ],
+)
+def test_bad_outputs_are_reported_with_request_and_fix(model_dir, images, returned, check):
+    class Bad(ImageClassifier):
+        def postprocess(self, data):
+            if returned == "tensor":
+                return data
+            if returned == "dict":
+                return {"scores": data.tolist()}
+            if returned == "short":
+                return data.tolist()[:1]
+            if returned == "nan":
+                return [[math.nan] for _ in range(len(data))]
+            return [object() for _ in range(len(data))]
+
+    h = hk.Harness(Bad, context_for(model_dir))
+    h.initialize()
+    with pytest.warns(HandlerkitWarning):
+        run = h.run(hk.batch(*images))
+    problems = run.problems
+    assert problems and problems[0].check == check and problems[0].fix
+    if check.startswith("item"):
+        assert problems[0].request_index == 0
+    report = h.check(hk.batch(*images))
+    assert not report.ok and any(p.check == check for p in report.problems)
+
+
+# ---------------------------------------------------------------------------- routing
+def test_describe_and_explain_go_where_torchserve_sends_them(harness, images):
+    described = hk.batch(images[0].with_headers(describe="True"))
+    run = harness.run(described)
+    assert run.mode == "describe" and run.output == [None] == harness.handle(described)
+    explained = hk.batch(images[0].with_headers(explain="True"))
+    run = harness.run(explained)
+    assert run.mode == "explain" and list(run.stages) == ["initialize", "preprocess", "explain"]
+    attributions = torch.tensor(run.output)
+    assert attributions.shape == (1, 3, 224, 224)
+    assert torch.allclose(attributions, torch.tensor(harness.handle(explained)), atol=1e-5)
+
+
+def test_handle_override_that_skips_stages_is_detected(model_dir, images):
+    class Shortcut(ImageClassifier):
+        def handle(self, data, context):
+            return ["fixed"] * len(data)
+
+    h = hk.Harness(Shortcut, context_for(model_dir))
+    assert h.single_stage
+    with pytest.warns(HandlerkitWarning, match="overrides handle"):
+        run = h.run(hk.batch(*images))
+    assert list(run.stages) == ["initialize", "handle"] and run.output == ["fixed"] * 3
+    assert any("never called preprocess" in str(p) for p in run.stages["handle"].problems)
+
+
+def test_handle_override_that_calls_stages_is_not_flagged(model_dir, images):
+    class Wrapped(ImageClassifier):
+        def handle(self, data, context):
+            return super().handle(data, context)
+
+    h = hk.Harness(Wrapped, context_for(model_dir))
+    with pytest.warns(HandlerkitWarning, match="overrides handle"):
+        run = h.run(hk.batch(*images))
+    assert run.stages["handle"].called_stages == ["preprocess", "inference", "postprocess"]
+    assert not run.problems
+
+
+# ---------------------------------------------------------------------------- model dirs
+def test_several_model_dirs_in_one_process_with_torchserve_handlers(tmp_path, images):
+    ts_base = pytest.importorskip("ts.torch_handler.base_handler")
+
+    scaled = TINY_MODEL.replace("return self.fc(", "return 1000 * self.fc(")
+    dir_a = make_model_dir(tmp_path, "a", model_src=TINY_MODEL)
+    dir_b = make_model_dir(tmp_path, "b", model_src=scaled)
+
+    class Handler(ts_base.BaseHandler):
+        def preprocess(self, data):
+            return torch.zeros(1, 3, 64, 64)
+
+    outs = []
+    for d in (dir_a, dir_b, dir_a):
+        h = hk.Harness(Handler(), context_for(d))
+        outs.append(h.run(hk.batch(images[0])).output)
+    assert outs[0] == outs[2]
+    assert outs[1] != outs[0]
+
+
+# ---------------------------------------------------------------------------- reports
+def test_time_and_sweep_report_per_stage(harness, images):
+    report = harness.time(hk.batch(*images), warmup=1, repeat=3)
+    assert set(report.stages) == {"preprocess", "inference", "postprocess"}
+    assert report.stages["inference"].n == 3 and report.batch_size == 3
+    assert "median" in str(report) and "<table" in report._repr_html_()
+    sweep = harness.sweep(hk.batch(images[0]), batch_sizes=(1, 2), warmup=0, repeat=2)
+    assert [row["batch_size"] for row in sweep.rows] == [1, 2]
+    assert all(row["throughput_rps"] > 0 for row in sweep.rows)
+
+
+def test_device_report(harness, images):
+    harness.run(hk.batch(*images))
+    report = harness.device_report()
+    assert report.device == "cpu" and "no accelerator" in report.reason
+    assert set(report.available) == {"cuda", "xpu", "mps", "xla"}
+    assert report.placement["parameters"] == {"cpu float32": sum(p.numel() for p in harness.handler.model.parameters())}
+    assert report.stage_devices["inference"] == ["cpu"]
+    assert report.copies == [] and report.warnings == []
+    assert "device report" in repr(report) and "<table" in report._repr_html_()
+
+
+def test_device_report_flags_copies_and_mixed_devices(model_dir, images):
+    class Leaky(ImageClassifier):
+        def inference(self, data, *args, **kwargs):
+            data.to("meta")  # a stray copy to another device inside inference
+            return super().inference(data)
+
+    h = hk.Harness(Leaky, context_for(model_dir))
+    h.initialize()
+    h.handler.model.fc.register_buffer("stray", torch.zeros(2, device="meta"))
+    h.preprocess(hk.batch(images[0]))
+    h.inference()
+    report = h.device_report()
+    assert any("cpu -> meta" in c for c in report.copies)
+    assert any("spread over" in w for w in report.warnings)
+
+
+def test_check_passes_for_a_good_handler(harness, images):
+    before = harness.preprocess(hk.batch(images[0]))
+    report = harness.check(hk.batch(*images))
+    assert report.ok, report
+    assert [p[1] for p in report.parity] == ["same alone and in the batch"] * 3
+    outcomes = {variant: outcome for _, variant, outcome in report.encodings}
+    assert outcomes["field 'data' instead of 'body'"] == "same output"
+    assert outcomes["bytes instead of bytearray"] == "same output"
+    assert outcomes["base64 str (JSON clients)"] == "same output"
+    # the harness's own state is untouched by the checks
+    assert harness.results["preprocess"] is before and len(harness.batch) == 1
+
+
+def test_check_finds_batch_dependent_outputs(model_dir, images):
+    class BatchNormalised(ImageClassifier):
+        def inference(self, data, *args, **kwargs):
+            out = super().inference(data)
+            return out - out.mean(dim=0, keepdim=True)  # depends on the other requests
+
+    h = hk.Harness(BatchNormalised, context_for(model_dir))
+    report = h.check(hk.batch(*images))
+    assert not report.ok
+    assert any(p.check == "batch-parity" for p in report.problems)
+
+
+def test_check_finds_reordered_outputs(model_dir, images):
+    class Reversed(ImageClassifier):
+        def postprocess(self, data):
+            return super().postprocess(data)[::-1]
+
+    h = hk.Harness(Reversed, context_for(model_dir))
+    report = h.check(hk.batch(*images))
+    assert any("wrong order" in p.message for p in report.problems)
+
+
+# ---------------------------------------------------------------------------- reload
+def test_reload_rebinds_methods_without_reinitialising(model_dir, images):
+    source = model_dir / "reloadable.py"
+    source.write_text(
+        "from handlerkit.handlers.image_classifier import ImageClassifier\n\n\n"
+        "class Reloadable(ImageClassifier):\n"
+        "    def postprocess(self, data):\n"
+        "        return ['v1'] * len(data)\n"
+    )
+    h = hk.Harness("reloadable.py", context_for(model_dir))
+    assert h.run(hk.batch(*images)).output == ["v1"] * 3
+    model = h.handler.model
+    init_result = h.results["initialize"]
+    source.write_text(source.read_text().replace("'v1'", "'v2'"))
+    h.reload()
+    assert h.handler.model is model and h.results["initialize"] is init_result
+    assert h.run(hk.batch(*images)).output == ["v2"] * 3
+    # a broken edit keeps the previous code
+    source.write_text("def broken(:\n")
+    with pytest.raises(StageError, match="reload"):
+        h.reload()
+    assert h.run(hk.batch(*images)).output == ["v2"] * 3

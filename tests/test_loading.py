@@ -1,0 +1,553 @@
+"""handlerkit.loading: TorchServe 0.12's handler resolution, and per-model-dir imports."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import pickle
+import sys
+import textwrap
+import types
+import warnings
+
+import pytest
+
+from handlerkit import loading
+from handlerkit.errors import HandlerkitWarning, HandlerLoadError
+from handlerkit.loading import (
+    ResolvedHandler,
+    clear_module_cache,
+    list_classes,
+    load_module_from_file,
+    model_dir_imports,
+    resolve_handler,
+)
+
+CLASS_HANDLER = """
+    import model
+
+    class Handler:
+        def __init__(self):
+            self.context = None
+
+        def initialize(self, context):
+            self.context = context
+
+        def handle(self, data, context):
+            import model as lazily_imported  # resolved at call time, as in TorchServe
+            return [model.Model.VALUE, lazily_imported.Model.VALUE]
+"""
+
+
+def write(directory, name: str, text: str):
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def make_model_dir(root, label: str):
+    """A model dir with model.py (one class whose VALUE is `label`) and handler.py."""
+    directory = root / f"dir_{label}"
+    directory.mkdir()
+    write(directory, "model.py", f"class Model:\n    VALUE = {label!r}\n")
+    write(directory, "handler.py", CLASS_HANDLER)
+    return directory
+
+
+class FakeContext:
+    def __init__(self, model_dir=None):
+        self.system_properties = {"model_dir": str(model_dir) if model_dir else None, "gpu_id": None}
+        self.manifest = {"model": {}}
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    path_before = list(sys.path)
+    yield
+    clear_module_cache()
+    assert sys.path == path_before
+    assert not loading._active
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return make_model_dir(tmp_path, "A"), make_model_dir(tmp_path, "B")
+
+
+# ------------------------------------------------------------------------------ spec forms
+
+
+@pytest.mark.parametrize("spec", ["handler", "handler.py", "handler:handle_missing_is_error"])
+def test_name_forms_resolve_in_the_model_dir(dirs, spec):
+    a, _ = dirs
+    if spec.endswith("missing_is_error"):
+        with pytest.raises(HandlerLoadError, match=r"has no function 'handle_missing_is_error'.*silently fall back"):
+            resolve_handler(spec, a)
+        return
+    resolved = resolve_handler(spec, a)
+    assert isinstance(resolved, ResolvedHandler)
+    assert resolved.kind == "class" and resolved.cls.__name__ == "Handler"
+    assert resolved.function == resolved.instance.handle and resolved.function_name == "handle"
+    assert resolved.module_file == str(a / "handler.py") and resolved.model_dir == str(a)
+    assert resolved.origin == "model_dir"
+    assert resolved.handle([{}], None) == ["A", "A"]
+    assert "handler" not in sys.modules and "model" not in sys.modules
+
+
+def test_absolute_and_relative_paths(dirs, tmp_path, monkeypatch):
+    a, b = dirs
+    resolved = resolve_handler(str(a / "handler.py"))  # no model dir: the file's own dir
+    assert resolved.model_dir == str(a) and resolved.handle([{}], None) == ["A", "A"]
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_handler("dir_B/handler.py")
+    assert resolved.model_dir == str(b) and resolved.handle([{}], None) == ["B", "B"]
+    # A path under the model dir, and TorchServe's basename rule ("src/handler.py" archived flat).
+    write(a, "sub/other.py", "def handle(data, context):\n    return ['sub']\n")
+    assert resolve_handler("sub/other.py", a).function([{}], None) == ["sub"]
+    assert resolve_handler("elsewhere/handler.py", a).handle([{}], None) == ["A", "A"]
+
+
+def test_file_outside_the_model_dir_runs_in_the_model_dirs_imports(dirs, tmp_path):
+    a, _ = dirs
+    outside = write(tmp_path / "src", "my_handler.py", CLASS_HANDLER)
+    resolved = resolve_handler(str(outside), a)
+    assert resolved.origin == "file" and resolved.model_dir == str(a)
+    assert resolved.handle([{}], None) == ["A", "A"]  # `import model` found the model dir's file
+
+
+def test_missing_file_lists_where_it_looked(dirs):
+    a, _ = dirs
+    with pytest.raises(HandlerLoadError, match=r"no such file\. Looked for:\n  - .*nope\.py"):
+        resolve_handler("nope.py", a)
+
+
+def test_function_handler_and_named_function(tmp_path):
+    write(
+        tmp_path,
+        "fn_handler.py",
+        """
+        calls = []
+
+        def handle(data, context):
+            calls.append((data, context))
+            return None if data is None else [len(data)]
+
+        def custom(data, context):
+            calls.append(("custom", data, context))
+            return ["custom"] * len(data or [])
+
+        class Helper:  # ignored: a function entry point wins, as in TorchServe
+            pass
+        """,
+    )
+    ctx = FakeContext(tmp_path)
+    resolved = resolve_handler("fn_handler", tmp_path)
+    assert resolved.kind == "function" and resolved.cls is None and resolved.instance is None
+    resolved.initialize(ctx)
+    assert resolved.module.calls == [(None, ctx)]  # TorchServe initialises with handle(None, context)
+    assert resolved.handle([1, 2], ctx) == [2]
+
+    for spec in ("fn_handler.py:custom", "fn_handler:custom"):
+        named = resolve_handler(spec, tmp_path)
+        assert named.function_name == "custom" and named.function.__name__ == "custom"
+    assert named.module is resolved.module  # the dir's module cache: same module object
+
+
+def test_class_handler_initialize(dirs):
+    a, _ = dirs
+    ctx = FakeContext(a)
+    resolved = resolve_handler("handler", a)
+    assert resolved.instance.context is None  # instantiated, not initialised
+    resolved.initialize(ctx)
+    assert resolved.instance.context is ctx
+    assert "Handler" in repr(resolved) and "origin='model_dir'" in repr(resolved)
+
+
+def test_class_without_initialize_warns(tmp_path):
+    write(tmp_path, "bare.py", "class Bare:\n    def handle(self, data, context):\n        return data\n")
+    with pytest.warns(HandlerkitWarning, match=r"Bare has no initialize method; TorchServe 0\.12 fails"):
+        resolved = resolve_handler("bare", tmp_path)
+    resolved.initialize(FakeContext())  # skipped quietly
+
+
+def test_dotted_module_path_in_model_dir(tmp_path):
+    write(tmp_path, "pkg/__init__.py", "")
+    write(tmp_path, "pkg/handlers.py", "def handle(data, context):\n    return ['pkg']\n")
+    resolved = resolve_handler("pkg.handlers", tmp_path)
+    assert resolved.origin == "model_dir" and resolved.handle([{}], None) == ["pkg"]
+    assert "pkg" not in sys.modules and "pkg.handlers" not in sys.modules
+
+
+def test_torchserve_dotted_spec():
+    pytest.importorskip("ts")
+    resolved = resolve_handler("ts.torch_handler.base_handler")
+    assert resolved.kind == "class" and resolved.cls.__name__ == "BaseHandler"
+    assert resolved.cls.__module__ == "ts.torch_handler.base_handler"
+    assert resolved.origin == "torchserve"
+    resolved = resolve_handler("ts.torch_handler.image_classifier")
+    assert resolved.cls.__name__ == "ImageClassifier"  # VisionHandler is imported, so not counted
+
+
+# ------------------------------------------------------------------------------ TorchServe's rules
+
+
+def test_several_classes_error_lists_them(tmp_path):
+    write(tmp_path, "multi.py", "class B:\n    pass\nclass A:\n    def handle(self, d, c):\n        pass\n")
+    with pytest.raises(HandlerLoadError) as info:
+        resolve_handler("multi.py", tmp_path)
+    message = str(info.value)
+    assert "defines 2 classes (A, B) and no function 'handle'" in message
+    assert "keep one class in the module (move helpers to another file) or name the function: 'multi.py:handle'" in message
+    assert isinstance(info.value, ImportError)
+
+
+def test_no_class_error_explains_imported_classes(tmp_path):
+    write(tmp_path, "empty_handler.py", "X = 1\n")
+    with pytest.raises(HandlerLoadError, match=r"defines no class and no function 'handle'.*Fix: define a handler class"):
+        resolve_handler("empty_handler", tmp_path)
+    write(tmp_path, "reexport.py", "from bare_base import Base\n")
+    write(tmp_path, "bare_base.py", "class Base:\n    def handle(self, d, c):\n        return d\n")
+    with pytest.raises(HandlerLoadError, match=r"Classes imported from elsewhere do not count.*class MyHandler\(Base\): pass"):
+        resolve_handler("reexport", tmp_path)
+
+
+def test_class_without_handle_is_an_error(tmp_path):
+    write(tmp_path, "nohandle.py", "class Thing:\n    def initialize(self, ctx):\n        pass\n")
+    with pytest.raises(HandlerLoadError, match=r"class Thing in module nohandle .* has no handle method"):
+        resolve_handler("nohandle", tmp_path)
+
+
+def test_constructor_with_arguments_is_an_error(tmp_path):
+    write(tmp_path, "needs_args.py", "class H:\n    def __init__(self, x):\n        pass\n    def handle(self, d, c):\n        pass\n")
+    with pytest.raises(HandlerLoadError, match=r"TorchServe builds the handler with H\(\) \(no arguments\)") as info:
+        resolve_handler("needs_args", tmp_path)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_handle_that_is_not_callable(tmp_path):
+    write(tmp_path, "weird.py", "handle = 3\n")
+    with pytest.raises(HandlerLoadError, match=r"has handle = int, not a function"):
+        resolve_handler("weird", tmp_path)
+
+
+def test_list_classes_is_torchserves_rule(tmp_path):
+    write(tmp_path, "mod_with_import.py", "from collections import OrderedDict\nclass Z:\n    pass\nclass Y(OrderedDict):\n    pass\n")
+    module = load_module_from_file(tmp_path / "mod_with_import.py")
+    assert [c.__name__ for c in list_classes(module)] == ["Y", "Z"]
+    assert [c.__name__ for c in list_classes(module, dict)] == ["Y"]
+
+
+# ------------------------------------------------------------------------------ errors TorchServe hides
+
+
+def test_real_import_error_is_surfaced(tmp_path):
+    path = write(tmp_path, "handler.py", "import missing_pkg_for_handlerkit_test\n\ndef handle(d, c):\n    return d\n")
+    with pytest.raises(HandlerLoadError) as info:
+        resolve_handler("handler", tmp_path)
+    message = str(info.value)
+    assert str(path) in message
+    assert "ModuleNotFoundError: No module named 'missing_pkg_for_handlerkit_test'" in message
+    assert "TorchServe 0.12 would have hidden this error behind \"No module named 'ts.torch_handler.handler'\"" in message
+    assert "pip install it" in message
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+    assert "handler" not in sys.modules
+
+
+def test_import_error_in_a_name_torchserve_ships_would_load_its_own(tmp_path):
+    pytest.importorskip("ts")
+    write(tmp_path, "image_classifier.py", "from nowhere_for_handlerkit import thing\n")
+    with pytest.raises(HandlerLoadError, match=r"would have silently served its own ts\.torch_handler\.image_classifier"):
+        resolve_handler("image_classifier", tmp_path)
+
+
+def test_other_import_time_exception_is_surfaced_without_the_ts_note(tmp_path):
+    write(tmp_path, "boom.py", "raise RuntimeError('bad config at import')\n")
+    with pytest.raises(HandlerLoadError, match=r"importing module 'boom' \(.*boom\.py\) failed: RuntimeError: bad config at import") as info:
+        resolve_handler("boom.py", tmp_path)
+    assert "would have hidden" not in str(info.value)  # TorchServe only swallows ImportError
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_not_found_lists_where_it_looked(tmp_path):
+    with pytest.raises(HandlerLoadError) as info:
+        resolve_handler("no_such_handler_anywhere", tmp_path)
+    message = str(info.value)
+    assert f"module 'no_such_handler_anywhere' in the model dir {os.path.realpath(tmp_path)}" in message
+    assert "handlerkit.handlers.no_such_handler_anywhere" in message
+    assert "ts.torch_handler.no_such_handler_anywhere" in message or "torchserve is not installed" in message
+
+
+def test_not_found_suggests_a_near_name(tmp_path):
+    write(tmp_path, "my_handler.py", "def handle(d, c):\n    return d\n")
+    with pytest.raises(HandlerLoadError, match=r"did you mean 'my_handler'\?"):
+        resolve_handler("my_handlr", tmp_path)
+
+
+def test_bad_specs():
+    with pytest.raises(TypeError):
+        resolve_handler(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="empty"):
+        resolve_handler("  ")
+    with pytest.raises(HandlerLoadError, match=r"'my-handler' is not a module name"):
+        resolve_handler("my-handler")
+
+
+# ------------------------------------------------------------------------------ built-ins
+
+
+def _fake_module(name: str, source: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(textwrap.dedent(source), f"<{name}>", "exec"), module.__dict__)
+    return module
+
+
+def test_builtin_fallback_to_handlerkit_handlers(tmp_path, monkeypatch):
+    fake = _fake_module(
+        "handlerkit.handlers._test_builtin",
+        "class FakeBuiltin:\n    def initialize(self, ctx):\n        pass\n    def handle(self, d, c):\n        return ['builtin']\n",
+    )
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    resolved = resolve_handler("_test_builtin", tmp_path)
+    assert resolved.origin == "handlerkit" and resolved.module is fake
+    assert resolved.handle([{}], None) == ["builtin"]
+
+
+def test_model_dir_module_beats_the_builtin(tmp_path, monkeypatch):
+    fake = _fake_module("handlerkit.handlers._test_builtin", "def handle(d, c):\n    return ['builtin']\n")
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    write(tmp_path, "_test_builtin.py", "def handle(d, c):\n    return ['mine']\n")
+    assert resolve_handler("_test_builtin", tmp_path).handle([{}], None) == ["mine"]
+
+
+def test_builtin_fallback_to_torchserve_when_handlerkit_has_none(tmp_path):
+    pytest.importorskip("ts")
+    resolved = resolve_handler("base_handler", tmp_path)  # handlerkit's is handlers/base.py
+    assert resolved.origin == "torchserve" and resolved.module.__name__ == "ts.torch_handler.base_handler"
+
+
+def test_failing_builtin_shows_its_error(tmp_path, monkeypatch):
+    class Finder:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name == "handlerkit.handlers._test_broken":
+                raise RuntimeError("built-in is broken")
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [Finder, *sys.meta_path])
+    with pytest.raises(HandlerLoadError, match=r"importing module 'handlerkit\.handlers\._test_broken'.*built-in is broken") as info:
+        resolve_handler("_test_broken", tmp_path)
+    assert "would have hidden" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------ import isolation
+
+
+def test_each_dir_gets_its_own_model(dirs):
+    a, b = dirs
+    assert "model" not in sys.modules
+    with model_dir_imports(a) as resolved_dir:
+        assert resolved_dir == str(a) and sys.path[0] == str(a)
+        import model
+
+        assert model.Model.VALUE == "A"
+    assert "model" not in sys.modules and str(a) not in sys.path
+    with model_dir_imports(b):
+        import model
+
+        assert model.Model.VALUE == "B"
+    assert "model" not in sys.modules
+
+
+def test_reentry_reuses_the_same_module_and_classes(dirs):
+    a, b = dirs
+    with model_dir_imports(a):
+        first = importlib.import_module("model").Model
+    with model_dir_imports(b):
+        other = importlib.import_module("model").Model
+    with model_dir_imports(a):
+        again = importlib.import_module("model").Model
+    assert first is again and first is not other
+
+
+def test_nested_blocks(dirs):
+    a, b = dirs
+    with model_dir_imports(a):
+        outer = importlib.import_module("model")
+        with model_dir_imports(a):  # same dir: nothing changes
+            assert importlib.import_module("model") is outer
+        with model_dir_imports(b):
+            assert importlib.import_module("model").Model.VALUE == "B"
+            with model_dir_imports(a):
+                assert importlib.import_module("model") is outer
+            assert importlib.import_module("model").Model.VALUE == "B"
+        assert sys.modules["model"] is outer and sys.path[0] == str(a)
+    assert "model" not in sys.modules
+
+
+def test_an_unrelated_module_of_the_same_name_survives(dirs, monkeypatch):
+    a, _ = dirs
+    unrelated = types.ModuleType("model")
+    unrelated.Model = "unrelated"
+    monkeypatch.setitem(sys.modules, "model", unrelated)
+    with model_dir_imports(a):
+        assert importlib.import_module("model").Model.VALUE == "A"
+    assert sys.modules["model"] is unrelated
+
+
+def test_state_is_restored_when_the_block_raises(dirs):
+    a, _ = dirs
+    with pytest.raises(ZeroDivisionError), model_dir_imports(a):
+        importlib.import_module("model")
+        1 / 0  # noqa: B018
+    assert "model" not in sys.modules and str(a) not in sys.path
+
+
+def test_handlers_of_two_dirs_side_by_side(dirs):
+    a, b = dirs
+    ha, hb = resolve_handler("handler", a), resolve_handler("handler", b)
+    assert ha.module is not hb.module
+    for _ in range(2):
+        assert ha.handle([{}], None) == ["A", "A"]
+        assert hb.handle([{}], None) == ["B", "B"]
+
+
+def test_module_imported_outside_a_block_stays(dirs, monkeypatch):
+    a, b = dirs
+    monkeypatch.syspath_prepend(str(a))
+    import model as outside  # imported the ordinary way, e.g. by the notebook
+
+    try:
+        with model_dir_imports(a):
+            assert importlib.import_module("model") is outside
+        assert sys.modules["model"] is outside
+        with model_dir_imports(b):
+            assert importlib.import_module("model").Model.VALUE == "B"
+        assert sys.modules["model"] is outside
+    finally:
+        sys.modules.pop("model", None)
+
+
+def test_new_files_are_seen_and_the_listing_is_cached(dirs, monkeypatch):
+    a, _ = dirs
+    with model_dir_imports(a):
+        pass
+    scans = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(loading.os, "scandir", lambda p: scans.append(p) or real_scandir(p))
+    for _ in range(3):
+        with model_dir_imports(a):
+            pass
+    assert scans == []  # the listing is reused while the dir's mtime is unchanged
+    write(a, "extra_module.py", "WHO = 'A'\n")
+    os.utime(a, ns=(0, os.stat(a).st_mtime_ns + 10**9))  # mtime granularity on some filesystems
+    with model_dir_imports(a):
+        assert importlib.import_module("extra_module").WHO == "A"
+    assert len(scans) == 1
+    assert "extra_module" not in sys.modules
+
+
+def test_clear_module_cache_reimports(dirs):
+    a, _ = dirs
+    with model_dir_imports(a):
+        first = importlib.import_module("model").Model
+    clear_module_cache(a)
+    with model_dir_imports(a):
+        second = importlib.import_module("model").Model
+    assert first is not second and second.VALUE == "A"
+    assert resolve_handler("handler", a).module is resolve_handler("handler", a).module
+    assert resolve_handler("handler", a).module is not resolve_handler("handler", a, reload=True).module
+
+
+def test_stdlib_names_are_not_shadowed(tmp_path):
+    import json
+
+    write(tmp_path, "json.py", "BROKEN = True\n")
+    with pytest.warns(HandlerkitWarning, match=r"'json' is already imported"):
+        with model_dir_imports(tmp_path):
+            assert importlib.import_module("json") is json
+    assert sys.modules["json"] is json
+
+
+def test_packages_in_the_model_dir_are_isolated(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for directory, label in ((one, "1"), (two, "2")):
+        write(directory, "helpers/__init__.py", "")
+        write(directory, "helpers/values.py", f"LABEL = {label!r}\n")
+    with model_dir_imports(one):
+        assert importlib.import_module("helpers.values").LABEL == "1"
+    with model_dir_imports(two):
+        assert importlib.import_module("helpers.values").LABEL == "2"
+    assert not [k for k in sys.modules if k == "helpers" or k.startswith("helpers.")]
+
+
+def test_none_and_missing_dirs():
+    with model_dir_imports(None) as directory:
+        assert directory is None
+    with pytest.raises(FileNotFoundError, match="does not exist"), model_dir_imports("/no/such/model/dir"):
+        pass
+
+
+# ------------------------------------------------------------------------------ load_module_from_file
+
+
+def test_load_module_from_file_gives_distinct_modules(dirs):
+    a, b = dirs
+    ma, mb = load_module_from_file(a / "model.py"), load_module_from_file(b / "model.py")
+    assert ma is not mb and ma.__name__ != mb.__name__
+    assert ma.__name__.startswith("handlerkit_modeldir_") and ma.__name__.endswith(".model")
+    assert (ma.Model.VALUE, mb.Model.VALUE) == ("A", "B")
+    assert ma.Model.__module__ == ma.__name__ and list_classes(ma) == [ma.Model]
+    assert load_module_from_file(a / "model.py") is ma  # loaded once
+    assert load_module_from_file(a / "model.py", reload=True) is not ma
+    assert "model" not in sys.modules
+
+
+def test_load_module_from_file_pickles_and_has_source(dirs):
+    a, _ = dirs
+    module = load_module_from_file(a / "model.py")
+    instance = module.Model()
+    assert type(pickle.loads(pickle.dumps(instance))) is module.Model
+    assert "VALUE = 'A'" in inspect.getsource(module.Model)
+
+
+def test_load_module_from_file_imports_its_own_siblings(dirs):
+    a, b = dirs
+    for directory, label in ((a, "A"), (b, "B")):
+        write(directory, "net.py", "from model import Model\n\nclass Net(Model):\n    pass\n")
+    na, nb = load_module_from_file(a / "net.py"), load_module_from_file(b / "net.py")
+    assert (na.Net.VALUE, nb.Net.VALUE) == ("A", "B")
+    assert [c.__name__ for c in list_classes(na)] == ["Net"]  # the imported Model does not count
+
+
+def test_load_module_from_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_module_from_file(tmp_path / "absent.py")
+    write(tmp_path, "broken.py", "import not_installed_for_handlerkit\n")
+    with pytest.raises(HandlerLoadError, match=r"broken\.py failed: ModuleNotFoundError") as info:
+        load_module_from_file(tmp_path / "broken.py")
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+    assert not [k for k in sys.modules if k.endswith(".broken")]
+
+
+# ------------------------------------------------------------------------------ TorchServe's own code
+
+
+@pytest.mark.torchserve
+def test_torchserve_load_pickled_model_gets_each_dirs_class(dirs):
+    pytest.importorskip("ts")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from ts.torch_handler.base_handler import BaseHandler
+
+    a, b = dirs
+    for directory, label in ((a, "A"), (b, "B"), (a, "A")):
+        with model_dir_imports(directory):
+            model = BaseHandler()._load_pickled_model(str(directory), "model.py", None)
+        assert type(model).VALUE == label
+    with model_dir_imports(a):
+        first = BaseHandler()._load_pickled_model(str(a), "model.py", None)
+        second = BaseHandler()._load_pickled_model(str(a), "model.py", None)
+    assert type(first) is type(second)
+    assert "model" not in sys.modules

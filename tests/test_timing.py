@@ -1,0 +1,312 @@
+"""Tests for handlerkit.diagnostics.timing: Timer (CPU and faked accelerators), stats, reports."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from handlerkit.diagnostics import device as device_mod
+from handlerkit.diagnostics import timing
+from handlerkit.diagnostics.timing import (
+    END_TO_END,
+    SweepReport,
+    Timer,
+    TimingReport,
+    TimingStats,
+    batch_sizes,
+    device_kind,
+    summarize,
+    time_callable_stages,
+)
+
+# --- Timer on CPU ------------------------------------------------------------------------
+
+
+def test_timer_measures_a_sleep_on_cpu() -> None:
+    with Timer() as t:
+        time.sleep(0.02)
+    assert t.wall_ms is not None and t.wall_ms >= 20.0
+    assert t.device_ms is None
+    assert t.synchronized is False
+    assert t.kind == "cpu"
+
+
+def test_timer_orders_a_short_and_a_long_block() -> None:
+    with Timer() as short:
+        pass
+    with Timer() as long:
+        time.sleep(0.01)
+    assert short.wall_ms is not None and long.wall_ms is not None
+    assert short.wall_ms < long.wall_ms
+
+
+def test_timer_start_stop_and_reuse() -> None:
+    t = Timer("cpu")
+    t.start()
+    time.sleep(0.005)
+    first = t.stop()
+    assert first >= 5.0 and t.wall_ms == first
+    with t:
+        pass
+    assert t.wall_ms is not None and t.wall_ms < first
+
+
+def test_timer_records_time_and_propagates_an_exception() -> None:
+    t = Timer()
+    with pytest.raises(KeyError):
+        with t:
+            time.sleep(0.005)
+            raise KeyError("boom")
+    assert t.wall_ms is not None and t.wall_ms >= 5.0
+
+
+@pytest.mark.parametrize(
+    ("device", "kind"),
+    [(None, "cpu"), ("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda"), ("MPS", "mps"), ("xpu:0", "xpu")],
+)
+def test_device_kind_from_strings(device: object, kind: str) -> None:
+    assert device_kind(device) == kind
+
+
+def test_device_kind_from_torch_device() -> None:
+    torch = pytest.importorskip("torch")
+    assert device_kind(torch.device("cuda", 0)) == "cuda"
+    assert device_kind(torch.device("cpu")) == "cpu"
+
+
+# --- Timer with a faked accelerator ---------------------------------------------------------
+
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event: records into a shared log."""
+
+    log: list[str] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing, "Timer must ask for timing events"
+        self.recorded = False
+
+    def record(self, stream: object = None) -> None:
+        self.recorded = True
+        _FakeEvent.log.append("record")
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        assert self.recorded and end.recorded
+        return 7.5
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A CUDA machine: available, with synchronize and Event faked through torch.cuda."""
+    torch = pytest.importorskip("torch")
+    log: list[str] = []
+    _FakeEvent.log = log
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(f"sync:{device}"))
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    return log
+
+
+def test_timer_synchronizes_cuda_before_and_after(fake_cuda: list[str]) -> None:
+    with Timer("cuda:0") as t:
+        fake_cuda.append("body")
+    assert fake_cuda == ["sync:cuda:0", "record", "body", "record", "sync:cuda:0"]
+    assert t.synchronized is True
+    assert t.device_ms == 7.5
+    assert t.wall_ms is not None and t.wall_ms >= 0
+
+
+def test_timer_skips_closing_sync_when_the_block_raises(fake_cuda: list[str]) -> None:
+    t = Timer("cuda")
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        with t:
+            fake_cuda.append("body")
+            raise RuntimeError("kernel failed")
+    assert fake_cuda == ["sync:cuda", "record", "body"]
+    assert t.synchronized is False and t.device_ms is None and t.wall_ms is not None
+
+
+def test_timer_uses_the_sync_seam(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
+    monkeypatch.setattr(timing, "synchronize", lambda kind, device=None: calls.append((kind, device)))
+    monkeypatch.setattr(timing, "_timing_events", lambda kind: None)  # a backend without events
+    with Timer("cuda:1") as t:
+        time.sleep(0.005)
+    assert calls == [("cuda", "cuda:1"), ("cuda", "cuda:1")]
+    # Without events the device time is the synchronised wall time.
+    assert t.synchronized and t.device_ms == t.wall_ms and t.wall_ms is not None and t.wall_ms >= 5.0
+
+
+def test_timer_does_not_sync_an_unavailable_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_sync(kind: str, device: object = None) -> None:
+        raise AssertionError("synchronize must not be called without CUDA")
+
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: False)
+    monkeypatch.setattr(timing, "synchronize", no_sync)
+    with Timer("cuda") as t:
+        pass
+    assert t.synchronized is False and t.device_ms is None
+
+
+@pytest.mark.parametrize(("kind", "seam"), [("xpu", "xpu_available"), ("mps", "mps_available")])
+def test_timer_synchronizes_xpu_and_mps(monkeypatch: pytest.MonkeyPatch, kind: str, seam: str) -> None:
+    torch = pytest.importorskip("torch")
+    log: list[str] = []
+    monkeypatch.setattr(device_mod, seam, lambda: True)
+    module = getattr(torch, kind)
+    if kind == "mps":
+        monkeypatch.setattr(module, "synchronize", lambda: log.append("sync"))
+    else:
+        monkeypatch.setattr(module, "synchronize", lambda device=None: log.append("sync"))
+    _FakeEvent.log = log
+    monkeypatch.setattr(module, "Event", _FakeEvent)
+    with Timer(kind) as t:
+        log.append("body")
+    assert log == ["sync", "record", "body", "record", "sync"]
+    assert t.synchronized and t.device_ms == 7.5
+
+
+# --- statistics ----------------------------------------------------------------------------
+
+
+def test_summarize_matches_numpy() -> None:
+    samples = [5.0, 1.0, 3.0, 2.0, 4.0, 10.0, 9.0, 6.0, 8.0, 7.0]
+    s = summarize(samples)
+    assert s.n == 10 and s.min == 1.0 and s.total == 55.0 and s.mean == 5.5
+    assert s.median == pytest.approx(np.percentile(samples, 50))
+    assert s.p90 == pytest.approx(np.percentile(samples, 90)) == pytest.approx(9.1)
+    assert s.std == pytest.approx(np.std(samples, ddof=1))
+
+
+def test_summarize_single_sample() -> None:
+    assert summarize([4.0]) == TimingStats(n=1, min=4.0, median=4.0, p90=4.0, mean=4.0, std=0.0, total=4.0)
+
+
+def test_summarize_rejects_empty_and_non_finite() -> None:
+    with pytest.raises(ValueError, match="at least one timing sample"):
+        summarize([])
+    with pytest.raises(ValueError, match="finite"):
+        summarize([1.0, float("nan")])
+
+
+# --- runner --------------------------------------------------------------------------------
+
+
+def test_time_callable_stages_discards_warmup_and_adds_end_to_end() -> None:
+    calls = []
+
+    def run_once() -> dict[str, float]:
+        calls.append(len(calls))
+        time.sleep(0.002)
+        return {"preprocess": float(len(calls)), "inference": 1.0}
+
+    samples = time_callable_stages(run_once, warmup=2, repeat=3)
+    assert len(calls) == 5
+    assert list(samples) == ["preprocess", "inference", END_TO_END]
+    assert samples["preprocess"] == [3.0, 4.0, 5.0]  # passes 1 and 2 were warm-up
+    assert samples["inference"] == [1.0, 1.0, 1.0]
+    assert len(samples[END_TO_END]) == 3 and all(ms >= 2.0 for ms in samples[END_TO_END])
+
+
+def test_time_callable_stages_keeps_a_reported_end_to_end() -> None:
+    samples = time_callable_stages(lambda: {"inference": 1.0, END_TO_END: 42.0}, warmup=0, repeat=2)
+    assert samples == {"inference": [1.0, 1.0], END_TO_END: [42.0, 42.0]}
+
+
+def test_time_callable_stages_validates() -> None:
+    with pytest.raises(ValueError, match="repeat must be >= 1: got 0"):
+        time_callable_stages(dict, warmup=0, repeat=0)
+    with pytest.raises(ValueError, match="warmup must be >= 0"):
+        time_callable_stages(dict, warmup=-1, repeat=1)
+    with pytest.raises(TypeError, match="must return a dict"):
+        time_callable_stages(lambda: [1.0], warmup=0, repeat=1)  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="stage 'inference'"):
+        time_callable_stages(lambda: {"inference": "fast"}, warmup=0, repeat=1)  # type: ignore[dict-item]
+
+
+def test_batch_sizes() -> None:
+    assert batch_sizes(1) == [1]
+    assert batch_sizes(8) == [1, 2, 4, 8]
+    assert batch_sizes(6) == [1, 2, 4, 6]
+    with pytest.raises(ValueError):
+        batch_sizes(0)
+
+
+# --- reports -------------------------------------------------------------------------------
+
+
+def _report(batch_size: int = 2, scale: float = 1.0) -> TimingReport:
+    samples = {
+        "preprocess": [1.0 * scale, 1.0 * scale],
+        "inference": [6.0 * scale, 6.0 * scale],
+        "postprocess": [1.0 * scale, 1.0 * scale],
+        END_TO_END: [10.0 * scale, 10.0 * scale],
+    }
+    return TimingReport.from_samples(samples, batch_size=batch_size, warmup=1, device="cpu", notes=["a <b> note"])
+
+
+def test_timing_report_from_samples_and_shares() -> None:
+    r = _report()
+    assert list(r.stages) == ["preprocess", "inference", "postprocess"]
+    assert r.end_to_end is not None and r.end_to_end.median == 10.0
+    assert r.repeat == 2 and r.warmup == 1
+    shares = {row[0]: row[-1] for row in r.rows}
+    assert shares == {"preprocess": 10.0, "inference": 60.0, "postprocess": 10.0, END_TO_END: 100.0}
+    assert r.throughput == pytest.approx(200.0)  # 2 requests per 10 ms
+
+
+def test_timing_report_without_end_to_end_shares_the_stage_sum() -> None:
+    r = TimingReport.from_samples({"a": [1.0], "b": [3.0]})
+    assert r.end_to_end is None and r.throughput is None
+    assert [row[-1] for row in r.rows] == [25.0, 75.0]
+
+
+def test_timing_report_renders_text_and_html() -> None:
+    r = _report()
+    text = str(r)
+    assert repr(r) == text
+    lines = text.splitlines()
+    assert lines[0] == "timing: batch_size=2, warmup=1, repeat=2, device=cpu"
+    assert lines[1].split() == ["stage", "n", "min", "ms", "median", "ms", "p90", "ms", "mean", "ms", "share", "%"]
+    assert any(line.startswith("inference") and line.rstrip().endswith("60.000") for line in lines)
+    assert "throughput: 200.0 requests/s" in text
+    assert "note: a <b> note" in text
+    html = r._repr_html_()
+    assert html.startswith("<table") and "<td>inference</td>" in html
+    assert "a &lt;b&gt; note" in html and "<b> note" not in html
+
+
+def test_timing_report_to_dict_is_json() -> None:
+    d = json.loads(json.dumps(_report().to_dict()))
+    assert d["stages"]["inference"]["median"] == 6.0
+    assert d["end_to_end"]["p90"] == 10.0
+    assert d["throughput_rps"] == pytest.approx(200.0)
+    assert d["notes"] == ["a <b> note"]
+
+
+def test_sweep_report_rows_and_throughput() -> None:
+    sweep = SweepReport([_report(1, 1.0), _report(2, 1.5), _report(4, 2.5)])
+    rows = sweep.rows
+    assert [row["batch_size"] for row in rows] == [1, 2, 4]
+    assert rows[1]["inference"] == 9.0 and rows[1]["end_to_end_ms"] == 15.0
+    assert [row["throughput_rps"] for row in rows] == pytest.approx([100.0, 2 / 0.015, 4 / 0.025])
+    assert rows[2]["per_request_ms"] == pytest.approx(25.0 / 4)
+    text = str(sweep)
+    assert text.splitlines()[0] == "batch-size sweep (median latency), device=cpu"
+    assert "requests/s" in text and "inference ms" in text
+    assert "<th>requests/s</th>" in sweep._repr_html_()
+    assert json.loads(json.dumps(sweep.to_dict()))["rows"][0]["throughput_rps"] == pytest.approx(100.0)
+
+
+def test_sweep_report_with_a_missing_stage_and_no_end_to_end() -> None:
+    a = TimingReport.from_samples({"inference": [4.0]}, batch_size=1)
+    b = TimingReport.from_samples({"preprocess": [1.0], "inference": [4.0]}, batch_size=2)
+    rows = SweepReport([a, b]).rows
+    assert rows[0]["preprocess"] is None
+    assert rows[1]["end_to_end_ms"] == 5.0  # sum of stage medians
+    assert rows[1]["throughput_rps"] == pytest.approx(400.0)
+    assert "preprocess ms" in str(SweepReport([a, b]))
