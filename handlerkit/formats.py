@@ -112,6 +112,8 @@ def load_model(
     model_file: str | None = None,
 ) -> LoadedModel:
     """Load a model of format ``fmt`` onto ``device``; every failure is a ModelLoadError."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
     if fmt == "eager":
         return _load_eager(model_dir, model_file or "", model_pt_path, device)
     if model_pt_path is None:
@@ -125,9 +127,7 @@ def load_model(
         return _load_aoti(model_pt_path, device)
     if fmt == "aoti-so":
         return _load_aoti_so(model_pt_path, device)
-    if fmt == "export":
-        return _load_export(model_pt_path, device)
-    raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
+    return _load_export(model_pt_path, device)
 
 
 def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, device: Any) -> LoadedModel:
@@ -360,6 +360,13 @@ def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt
 
     path = os.fspath(path)
     model = model.eval()
+    if dynamic_batch:
+        # torch.export specialises a dimension whose example size is 0 or 1, so a batch-1
+        # example cannot be marked dynamic: trace with the example repeated to a batch of 2.
+        example_inputs = tuple(
+            torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1 else x
+            for x in example_inputs
+        )
     batch = torch.export.Dim("batch", min=1, max=1024)
     dynamic_shapes = tuple({0: batch} for _ in example_inputs) if dynamic_batch else None
     if fmt == "eager":

@@ -392,12 +392,9 @@ class Harness:
 
     def _find_failing_request(self) -> int | None:
         """Preprocess each request alone to find the one that fails (context restored after)."""
-        from handlerkit.requests import batch as make_batch
-
         whole = self.batch
         try:
-            for i, request in enumerate(whole.requests):
-                single = make_batch(request)
+            for i, single in enumerate(whole.split()):
                 single.bind(self.context)
                 try:
                     with self._imports(), warnings.catch_warnings():

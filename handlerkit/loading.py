@@ -453,6 +453,7 @@ _lock = threading.RLock()
 _listings: dict[str, tuple[int, frozenset[str]]] = {}  # dir -> (mtime_ns, module names)
 _caches: dict[str, dict[str, ModuleType]] = {}  # dir -> {sys.modules key: module imported from it}
 _owned: dict[int, str] = {}  # id(module) -> dir, for every module in _caches
+_adopted: set[int] = set()  # ids of cached modules that also stay in sys.modules between blocks
 _active: list[str] = []  # the dirs of the open model_dir_imports blocks, innermost last
 _warned_shadows: set[tuple[str, str]] = set()
 
@@ -499,11 +500,13 @@ def _provided(model_dir: str) -> frozenset[str]:
     return _listings[model_dir][1]
 
 
-def _belongs(module: Any, model_dir: str) -> bool:
-    """Whether `module` was imported from a file or package inside `model_dir`."""
+def _belongs(module: Any, model_dir: str, key: str | None = None) -> bool:
+    """Whether `module` (``sys.modules[key]``) is ``<model_dir>/<top-level name>.py`` or lives
+    in ``<model_dir>/<top-level name>/`` (a module of a nested model dir does not count)."""
     owner = _owned.get(id(module))
     if owner is not None:
         return owner == model_dir
+    top = (key or getattr(module, "__name__", None) or "").partition(".")[0]
     file = getattr(module, "__file__", None)
     if isinstance(file, str):
         locations = [file]
@@ -514,9 +517,10 @@ def _belongs(module: Any, model_dir: str) -> bool:
             return False
     prefix = model_dir + os.sep
     for location in locations:
-        path = os.path.abspath(location)
-        if path.startswith(prefix) or os.path.realpath(path).startswith(prefix):
-            return True
+        absolute = os.path.abspath(location)
+        for path in (absolute, os.path.realpath(absolute)):
+            if path.startswith(prefix) and path[len(prefix) :].split(os.sep, 1)[0].partition(".")[0] == top:
+                return True
     return False
 
 
@@ -568,10 +572,11 @@ def _enter(model_dir: str) -> _Entered:
     saved: dict[str, Any] = {}
     present: set[str] = set()
     for key in _keys(names):
-        module = sys.modules[key]
-        if module is not None and _belongs(module, model_dir):
+        module = sys.modules.get(key)
+        if module is not None and _belongs(module, model_dir, key):
             present.add(key)
             _remember(model_dir, cache, key, module)
+            _adopted.add(id(module))
         elif module is not None and id(module) not in _owned and _is_installed(module):
             _warn_shadow(model_dir, key, module)
         else:
@@ -579,7 +584,7 @@ def _enter(model_dir: str) -> _Entered:
             # Imported in an enclosing block of another dir: cache it there now, so that dir
             # gets the very same module if it is entered again inside this block.
             for outer in reversed(_active):
-                if module is not None and _belongs(module, outer):
+                if module is not None and _belongs(module, outer, key):
                     _remember(outer, _caches.setdefault(outer, {}), key, module)
                     break
     for key, module in cache.items():
@@ -604,12 +609,14 @@ def _exit(model_dir: str, state: _Entered) -> None:
     cache = _caches.setdefault(model_dir, {})
     for key in _keys(names | state.names):
         module = sys.modules.get(key)
-        if module is not None and _belongs(module, model_dir):
+        if module is not None and _belongs(module, model_dir, key):
             _remember(model_dir, cache, key, module)
             # What was imported before the block (and submodules of such packages, e.g. a
             # project's own package when the model dir is the project root) stays imported.
             if key not in state.present and key.partition(".")[0] not in state.present:
                 del sys.modules[key]
+            else:
+                _adopted.add(id(module))
     sys.modules.update(state.saved)
 
 
@@ -618,6 +625,7 @@ def _remember(model_dir: str, cache: dict[str, ModuleType], key: str, module: Mo
     if old is not module:
         if old is not None:
             _owned.pop(id(old), None)
+            _adopted.discard(id(old))
         cache[key] = module
         _owned[id(module)] = model_dir
 
@@ -684,16 +692,20 @@ def model_dir_imports(model_dir: str | os.PathLike[str] | None) -> Iterator[str 
 def clear_module_cache(model_dir: str | os.PathLike[str] | None = None) -> None:
     """Forget the modules imported from `model_dir` (all dirs when None).
 
-    The next import re-executes the files: use it after editing a model dir's ``.py`` files
-    (class objects change, so rebuild handlers and models). Modules loaded with
-    :func:`load_module_from_file` from that dir are dropped too.
+    The next import within a block re-executes the files: use it after editing a model dir's
+    ``.py`` files (class objects change, so rebuild handlers and models). Modules loaded with
+    :func:`load_module_from_file` from that dir are dropped too. Modules that were imported
+    outside any block (e.g. your project's package when the model dir is the project root) stay
+    in ``sys.modules``.
     """
     with _lock:
         dirs = [_normdir(model_dir)] if model_dir is not None else list(_caches)
         for directory in dirs:
             for key, module in _caches.pop(directory, {}).items():
                 _owned.pop(id(module), None)
-                if sys.modules.get(key) is module:
+                if id(module) in _adopted:
+                    _adopted.discard(id(module))
+                elif sys.modules.get(key) is module:
                     del sys.modules[key]
             _listings.pop(directory, None)
             package = _unique_package(directory)

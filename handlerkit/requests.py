@@ -19,6 +19,9 @@ and ``ts/service.py``):
   none) updated with the HTTP headers. Header names keep the case the client sent (the
   frontend copies Netty's HTTP/1.1 header entries as they are): ``"Content-Type"``, not
   ``"content-type"``.
+
+To feed a handler something HTTP cannot carry (a tensor), pass a ready-made data dict:
+:meth:`Request.from_data`, or a dict where a request is expected (``batch({"data": t})``).
 """
 
 from __future__ import annotations

@@ -311,6 +311,21 @@ def test_pt2_of_another_type_is_an_error(value, crash):
     assert crash in str(info.value) and "pt2: {compile: {enable: true" in str(info.value)
 
 
+def test_pt2_string_is_searched_for_compile_and_export_like_torchserve():
+    # TorchServe tests `"compile" in pt2` before checking the type: substrings match.
+    with pytest.raises(ConfigError, match=r"finds the substring and fails with TypeError"):
+        parse_config({"pt2": "my_compiler"})
+    with pytest.warns(HandlerkitWarning, match=r"contains 'export'"):
+        pt2 = parse_config({"pt2": "exported"}).pt2
+    assert not pt2.compile
+
+
+def test_pt2_empty_mapping_compiles_with_defaults():
+    with pytest.warns(HandlerkitWarning, match=r"legacy schema.*write pt2: \{compile: \{enable: true\}\}"):
+        pt2 = parse_config({"pt2": {}}).pt2
+    assert (pt2.schema, pt2.compile, pt2.compile_options, pt2.backend) == ("legacy-dict", True, {}, None)
+
+
 def test_pt2_compile_section_must_be_a_mapping():
     with pytest.raises(ConfigError, match=r"pt2\.compile must be a mapping, got bool True"):
         parse_config({"pt2": {"compile": True}})
@@ -373,6 +388,7 @@ def test_warning_points_at_the_caller(tmp_path):
         {"export": {"aot_compile": True}},
         "eager",
         {"backend": "aot_eager", "fullgraph": True},
+        {},
         None,
     ],
 )

@@ -392,7 +392,11 @@ def test_from_model_dir_infers_minimal_dir(tmp_path):
     (tmp_path / "weights.safetensors").write_bytes(b"")
     with pytest.warns(HandlerkitWarning, match="serializedFile='weights.safetensors'") as caught:
         ctx = MockContext.from_model_dir(tmp_path, model_name="given")
-    assert ctx.manifest["model"] == {"modelName": "given", "serializedFile": "weights.safetensors", "modelVersion": "1.0"}
+    assert ctx.manifest["model"] == {
+        "modelName": "given",
+        "serializedFile": "weights.safetensors",
+        "modelVersion": "1.0",
+    }
     assert ctx.inferred["modelName"] == "the model_name argument"
     assert "modelFile" not in ctx.inferred and "handler" not in ctx.inferred
     assert ctx.model_yaml_config == {}
@@ -418,7 +422,8 @@ def test_from_model_dir_malformed_manifest_json(tmp_path):
     (tmp_path / "MAR-INF").mkdir()
     path = tmp_path / "MAR-INF" / "MANIFEST.json"
     path.write_text('{"model": {"modelName": "x",}')
-    with pytest.raises(ModelLoadError, match=r"MANIFEST\.json is not valid JSON .*delete MAR-INF/MANIFEST\.json") as info:
+    expected = r"MANIFEST\.json is not valid JSON .*delete MAR-INF/MANIFEST\.json"
+    with pytest.raises(ModelLoadError, match=expected) as info:
         MockContext.from_model_dir(tmp_path)
     assert info.value.path == str(path.resolve())
 
@@ -488,7 +493,9 @@ def test_each_api_call_is_recorded(metrics):
     metrics.add_size("Bytes", 3, unit="B")
     metrics.add_percent("Util", 50.0, metric_type=MetricType.HISTOGRAM)
     metrics.add_error("Failures", 1)
-    metrics.add_metric("Custom", 7, "widgets", idx=0, dimensions=[Dimension("Color", "red")], metric_type=MetricType.GAUGE)
+    metrics.add_metric(
+        "Custom", 7, "widgets", idx=0, dimensions=[Dimension("Color", "red")], metric_type=MetricType.GAUGE
+    )
     by_name = {r.name: r for r in metrics.records}
     model_dims = {"ModelName": "mnist", "Level": "Model"}
 
@@ -502,7 +509,8 @@ def test_each_api_call_is_recorded(metrics):
     assert by_name["Bytes"].unit == "B"
     assert (by_name["Util"].unit, by_name["Util"].metric_type) == ("percent", "histogram")
     assert by_name["Failures"].dimensions == {"Level": "Error"}
-    assert (by_name["Failures"].unit, by_name["Failures"].metric_type, by_name["Failures"].request_id) == ("", "counter", "")
+    failures = by_name["Failures"]
+    assert (failures.unit, failures.metric_type, failures.request_id) == ("", "counter", "")
     assert by_name["Custom"].dimensions == {"Color": "red", **model_dims}
     assert (by_name["Custom"].unit, by_name["Custom"].value, by_name["Custom"].metric_type) == ("widgets", 7, "gauge")
     assert all(isinstance(r, MetricRecord) and r.timestamp > 0 for r in metrics.records)
@@ -531,7 +539,8 @@ def test_dimensions_accept_dicts_pairs_and_ts_like_objects(metrics):
     metrics.add_counter("A", 1, dimensions={"K": "v"})
     metrics.add_counter("B", 1, dimensions=[("K", "v")])
     metrics.add_counter("C", 1, dimensions=[TsDim("K", "v"), TsDim("Level", "Custom")])
-    assert metrics.last("A").dimensions == metrics.last("B").dimensions == {"K": "v", "ModelName": "mnist", "Level": "Model"}
+    expected = {"K": "v", "ModelName": "mnist", "Level": "Model"}
+    assert metrics.last("A").dimensions == metrics.last("B").dimensions == expected
     assert metrics.last("C").dimensions == {"K": "v", "Level": "Custom", "ModelName": "mnist"}
     with pytest.raises(TypeError, match="Dimension"):
         metrics.add_counter("D", 1, dimensions=["oops"])
@@ -601,7 +610,8 @@ def test_add_metric_to_cache_and_add_or_update(metrics):
     metric.add_or_update(4.5, ["mnist", "pre"], request_id="r9")
     metric.add_or_update(5.5, ["mnist", "post"])
     first, second = metrics.find("Latency")
-    assert first == MetricRecord("Latency", 4.5, "ms", {"ModelName": "mnist", "Stage": "pre"}, "r9", "histogram", first.timestamp)
+    dims = {"ModelName": "mnist", "Stage": "pre"}
+    assert first == MetricRecord("Latency", 4.5, "ms", dims, "r9", "histogram", first.timestamp)
     assert (second.request_id, second.dimensions["Stage"]) == ("", "post")
     assert metrics.last("Latency") is second
 

@@ -429,6 +429,40 @@ def test_module_imported_outside_a_block_stays(dirs, monkeypatch):
         sys.modules.pop("model", None)
 
 
+def test_project_root_as_model_dir_keeps_global_packages(tmp_path, monkeypatch):
+    # E.g. a notebook whose model dir is the project root, holding the project's own package.
+    write(tmp_path, "projpkg/__init__.py", "")
+    write(tmp_path, "projpkg/sub.py", "X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import projpkg
+
+    try:
+        with model_dir_imports(tmp_path):
+            sub = importlib.import_module("projpkg.sub")
+        assert sys.modules["projpkg"] is projpkg and sys.modules["projpkg.sub"] is sub
+        clear_module_cache()
+        assert sys.modules["projpkg"] is projpkg and sys.modules["projpkg.sub"] is sub
+    finally:
+        sys.modules.pop("projpkg.sub", None)
+        sys.modules.pop("projpkg", None)
+
+
+def test_nested_model_dirs_are_told_apart(tmp_path, monkeypatch):
+    outer = make_model_dir(tmp_path, "R")
+    inner = outer / "sub"
+    inner.mkdir()
+    write(inner, "model.py", "class Model:\n    VALUE = 'S'\n")
+    monkeypatch.syspath_prepend(str(inner))
+    import model as inner_model  # imported the ordinary way from the nested dir
+
+    try:
+        with model_dir_imports(outer):
+            assert importlib.import_module("model").Model.VALUE == "R"
+        assert sys.modules["model"] is inner_model
+    finally:
+        sys.modules.pop("model", None)
+
+
 def test_new_files_are_seen_and_the_listing_is_cached(dirs, monkeypatch):
     a, _ = dirs
     with model_dir_imports(a):

@@ -169,7 +169,8 @@ def test_urlencoded_body_is_split_into_fields():
 
 def test_invalid_json_is_forwarded_raw_with_warning():
     req = Request.from_bytes(b"{not json", "application/json")
-    with pytest.warns(HandlerkitWarning, match="request 0 parameter 'body' is declared application/json but is not valid JSON.*raw bytearray") as caught:
+    expected = "request 0 parameter 'body' is declared application/json but is not valid JSON.*raw bytearray"
+    with pytest.warns(HandlerkitWarning, match=expected) as caught:
         data = batch(req).data
     assert caught[0].filename == __file__
     assert data == [{"body": bytearray(b"{not json")}]
@@ -388,7 +389,10 @@ def test_coerce_raw_data_dicts_are_delivered_as_they_are():
         {"tensor": {"content-type": ""}},
     ]
     # Values with an HTTP form become the request that would deliver them ...
-    assert bt[1].parameters == (Parameter("data", b'{"a": [1]}', "application/json"), Parameter("name", b"x", "text/plain"))
+    assert bt[1].parameters == (
+        Parameter("data", b'{"a": [1]}', "application/json"),
+        Parameter("name", b"x", "text/plain"),
+    )
     assert bt[1].request_id == bt.request_ids[1]
     # ... the others cannot go on the wire.
     with pytest.raises(TypeError, match="'tensor' holds a Thing, which has no HTTP form"):
@@ -461,7 +465,9 @@ def test_encode_frame_layout():
         return struct.pack("!i", len(b)) + b
 
     end = struct.pack("!i", -1)
-    expected = b"I" + field(b"id") + field(b"h") + field(b"v") + end + field(b"body") + field(b"t") + field(b"ab") + end + end
+    headers = field(b"h") + field(b"v") + end
+    params = field(b"body") + field(b"t") + field(b"ab") + end
+    expected = b"I" + field(b"id") + headers + params + end
     assert batch(req).encode() == expected
     no_type = Request((Parameter("body", b"", None),), {}, "id")
     assert batch(no_type).encode() == b"I" + field(b"id") + end + field(b"body") + field(b"") + field(b"") + end + end

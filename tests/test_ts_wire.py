@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import json
-import struct
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,6 +104,17 @@ def mixed_batch(png_file, tmp_path):
         Request.from_bytes(b"data=hello+there&n=1", "application/x-www-form-urlencoded"),
         Request.json([1, 2], name="data").with_headers({"describe": "True", "ts_request_sequence_id": "seq-7"}),
     )
+
+
+def ts_metrics_cache(model_name: str):
+    """TorchServe's own metrics cache, from the metrics.yaml it ships."""
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # ts leaves the YAML file open
+        cache = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    cache.model_name = model_name
+    return cache
 
 
 def through_torchserve(b: Batch):
@@ -215,7 +227,8 @@ class Recorder:
 
 def make_service(tmp_path, entry_point, metrics) -> Service:
     (tmp_path / "model-config.yaml").write_text("batchSize: 9\nhandler:\n  topk: 3\n")
-    manifest = {"runtime": "python", "model": {"modelName": "probe", "handler": "h.py", "configFile": "model-config.yaml"}}
+    model = {"modelName": "probe", "handler": "h.py", "configFile": "model-config.yaml"}
+    manifest = {"runtime": "python", "model": model}
     service = Service("probe", str(tmp_path), manifest, entry_point, None, 9, True, metrics)
     service.set_cl_socket(SentCollector())
     return service
@@ -226,11 +239,8 @@ def test_service_predict_delivers_batch_data(tmp_path, mixed_batch, metrics_kind
     if metrics_kind == "handlerkit":
         metrics = RecordingMetrics(model_name="probe")
     else:
-        from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-
-        metrics = MetricsCacheYamlImpl(str(__import__("pathlib").Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+        metrics = ts_metrics_cache("probe")
         metrics.initialize_cache()
-        metrics.model_name = "probe"
     recorder = Recorder()
     service = make_service(tmp_path, recorder, metrics)
 
@@ -275,11 +285,7 @@ def test_service_and_mock_context_report_errors_the_same(tmp_path):
 
 def test_metrics_api_matches_torchserve_dimensions(tmp_path):
     """Our store and TorchServe's cache declare the same metrics with the same dimension names."""
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-    from pathlib import Path
-
-    theirs = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    theirs.model_name = "m"
+    theirs = ts_metrics_cache("m")
     ours = RecordingMetrics(model_name="m")
     for store in (theirs, ours):
         store.request_ids = {0: "r0", 1: "r1"}
@@ -290,7 +296,8 @@ def test_metrics_api_matches_torchserve_dimensions(tmp_path):
         store.add_error("E", 1)
         store.add_metric("M", 1, "widgets", idx=1, dimensions=[], metric_type=MetricTypes.HISTOGRAM)
         store.add_metric_to_cache("Cached", "ms", ["A"], MetricTypes.GAUGE)
-    for name, kind in [("C", "COUNTER"), ("T", "GAUGE"), ("S", "GAUGE"), ("P", "GAUGE"), ("E", "COUNTER"), ("M", "HISTOGRAM"), ("Cached", "GAUGE")]:
+    kinds = {"C": "COUNTER", "T": "GAUGE", "S": "GAUGE", "P": "GAUGE", "E": "COUNTER", "M": "HISTOGRAM", "Cached": "GAUGE"}
+    for name, kind in kinds.items():
         theirs_metric = theirs.get_metric(name, MetricTypes[kind])
         ours_metric = ours.get_metric(name, MetricTypes[kind])
         assert ours_metric.dimension_names == theirs_metric.dimension_names, name

@@ -269,8 +269,9 @@ def run_checks(harness: Any, batch: Any, atol: float = 1e-4, rtol: float = 1e-4)
         if not isinstance(full, list) or len(full) != len(batch):
             return report  # parity and encodings compare per-request items
         singles = []
-        for i, request in enumerate(batch.requests):
-            alone, err = _run_output(harness, Batch.coerce(request))
+        parts = batch.split()
+        for i, part in enumerate(parts):
+            alone, err = _run_output(harness, part)
             singles.append(alone[0] if err is None and isinstance(alone, list) and alone else None)
             if err is not None:
                 report.parity.append((i, f"fails alone: {str(err).splitlines()[0]}"))
@@ -297,12 +298,12 @@ def run_checks(harness: Any, batch: Any, atol: float = 1e-4, rtol: float = 1e-4)
                     i,
                 )
             )
-        for i, request in enumerate(batch.requests):
+        for i, part in enumerate(parts):
             baseline = singles[i]
             if baseline is None:
                 continue
-            for variant, data in _encodings(Batch.coerce(request).data[0]):
-                out, err = _run_output(harness, Batch.coerce([data]))
+            for variant, data in _encodings(part.data[0]):
+                out, err = _run_output(harness, Batch.coerce([data], decode=batch.decode))
                 outcome = _judge(out, err, baseline, atol, rtol)
                 report.encodings.append((i, variant, outcome[0]))
                 if outcome[1] is not None:

@@ -44,7 +44,8 @@ def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
 
     if isinstance(payload, str):
         try:
-            payload = base64.b64decode(payload, validate=True)
+            # Whitespace is dropped first: base64 tools wrap lines (TorchServe's decoder skips it too).
+            payload = base64.b64decode("".join(payload.split()), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise RequestError(
                 f"request {index}: the body is a str that is not base64 ({exc}); fix: send the image "
@@ -68,7 +69,10 @@ def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
             index,
         ) from exc
     except (OSError, SyntaxError) as exc:
-        raise RequestError(f"request {index}: the image is corrupt or truncated ({exc})", index) from exc
+        raise RequestError(
+            f"request {index}: the image is corrupt or truncated ({exc}); fix: send the complete image file",
+            index,
+        ) from exc
     return image
 
 

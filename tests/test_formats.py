@@ -1,0 +1,196 @@
+"""handlerkit.formats: every model format loads, runs through the default inference, matches eager."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import MLP_MODEL_PY, write_model_dir
+
+import handlerkit as hk
+from handlerkit.errors import ModelLoadError
+from handlerkit.formats import FORMATS, OnnxModel, detect_format, export_model, load_model
+from handlerkit.handlers.base import BaseHandler
+
+# format -> (serializedFile, modelFile, model config, loader recorded in the decisions)
+LAYOUTS: dict[str, tuple[str, str | None, dict, str]] = {
+    "eager": ("model.pt", "model.py", {}, "TinyMLP() + torch.load(weights_only=True)"),
+    "torchscript": ("model.pt", None, {}, "torch.jit.load"),
+    "onnx": ("model.onnx", None, {}, "onnxruntime.InferenceSession"),
+    "export": ("model.pt2", None, {}, "torch.export.load(...).module()"),
+    "aoti": ("model.pt2", None, {}, "torch._inductor.aoti_load_package"),
+    "aoti-so": ("model.so", None, {"pt2": {"export": {"aot_compile": True}}}, "torch._export.aot_load"),
+}
+FAST = ("eager", "torchscript", "onnx", "export")
+AOTI = ("aoti", "aoti-so")
+
+
+def _build(root: Path, fmt: str, reference: torch.nn.Module, reference_dir: Path) -> Path:
+    serialized, model_file, _, _ = LAYOUTS[fmt]
+    directory = root / fmt
+    directory.mkdir()
+    if fmt == "eager":
+        state = torch.load(reference_dir / "model.pt", weights_only=True)
+        write_model_dir(directory, MLP_MODEL_PY, state_dict=state)
+    else:
+        export_model(reference, (torch.randn(2, 4),), directory / serialized, fmt)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def fast_format_dirs(tmp_path_factory, mlp_reference) -> dict[str, Path]:
+    reference, reference_dir = mlp_reference
+    root = tmp_path_factory.mktemp("formats")
+    return {fmt: _build(root, fmt, reference, reference_dir) for fmt in FAST}
+
+
+@pytest.fixture(scope="session")
+def aoti_format_dirs(tmp_path_factory, mlp_reference) -> dict[str, Path]:
+    """AOTInductor packages: ~10-30 s of C++ compilation each, built once per session."""
+    reference, reference_dir = mlp_reference
+    root = tmp_path_factory.mktemp("formats_aoti")
+    return {fmt: _build(root, fmt, reference, reference_dir) for fmt in AOTI}
+
+
+def context_for(fmt: str, directory: Path) -> hk.MockContext:
+    serialized, model_file, config, _ = LAYOUTS[fmt]
+    model = {"modelName": f"tiny-{fmt}", "serializedFile": serialized}
+    if model_file:
+        model["modelFile"] = model_file
+    return hk.MockContext(model_dir=directory, gpu_id=None, manifest={"model": model}, model_yaml_config=config)
+
+
+def check_matches_eager(fmt: str, directory: Path, reference: torch.nn.Module) -> BaseHandler:
+    ctx = context_for(fmt, directory)
+    handler = BaseHandler()
+    handler.initialize(ctx)
+    assert handler.decisions.model_format == fmt
+    assert handler.decisions.loader == LAYOUTS[fmt][3]
+    assert handler.decisions.model_path == str(directory / LAYOUTS[fmt][0])
+    generator = torch.Generator().manual_seed(1)
+    for batch_size in (1, 3):
+        x = torch.randn(batch_size, 4, generator=generator)
+        out = handler.handle(x.tolist(), ctx)  # the default preprocess / inference / postprocess
+        assert isinstance(out, list) and len(out) == batch_size
+        with torch.no_grad():
+            expected = reference(x)
+        torch.testing.assert_close(torch.tensor(out), expected, rtol=0, atol=1e-5)
+    return handler
+
+
+@pytest.mark.parametrize("fmt", FAST)
+def test_format_loads_and_matches_eager(fmt, fast_format_dirs, mlp_reference):
+    check_matches_eager(fmt, fast_format_dirs[fmt], mlp_reference[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", AOTI)
+def test_aoti_format_loads_and_matches_eager(fmt, aoti_format_dirs, mlp_reference):
+    handler = check_matches_eager(fmt, aoti_format_dirs[fmt], mlp_reference[0])
+    # export_model compiles with AOTI_RUNTIME_CHECK_INPUTS=1: a wrong input shape raises
+    # instead of silently returning garbage.
+    with pytest.raises(Exception, match=r"(?i)dim|shape|size"):
+        handler.handle([[1.0, 2.0, 3.0, 4.0, 5.0]], handler.context)
+
+
+def test_every_format_has_a_layout():
+    assert set(LAYOUTS) == set(FORMATS)
+
+
+def test_onnx_runs_through_the_default_inference(fast_format_dirs):
+    ctx = context_for("onnx", fast_format_dirs["onnx"])
+    handler = BaseHandler()
+    handler.initialize(ctx)
+    assert isinstance(handler.model, OnnxModel)
+    assert handler.decisions.model_details["providers"] == ["CPUExecutionProvider"]
+    out = handler.inference(torch.zeros(2, 4))
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 3) and out.device.type == "cpu"
+    with pytest.raises(TypeError, match=r"takes 1 input"):
+        handler.model(torch.zeros(1, 4), torch.zeros(1, 4))
+    assert "input_0" in repr(handler.model)
+
+
+def test_export_checks_input_shapes(fast_format_dirs):
+    ctx = context_for("export", fast_format_dirs["export"])
+    handler = BaseHandler()
+    handler.initialize(ctx)
+    with pytest.raises(Exception, match=r"size\(\)\[1\] == 4|shape"):
+        handler.handle([[1.0, 2.0, 3.0]], ctx)
+
+
+def test_export_model_accepts_a_batch_of_one(tmp_path, mlp_reference):
+    # torch.export specialises a size-1 dimension; export_model must still give a dynamic batch.
+    reference = mlp_reference[0]
+    path = export_model(reference, (torch.randn(1, 4),), tmp_path / "one.pt2", "export")
+    loaded = load_model("export", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=path)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(loaded.model(x), reference(x))
+
+
+def test_state_dict_without_model_file_is_explained(fast_format_dirs, tmp_path):
+    # A state_dict .pt without modelFile: TorchServe tries TorchScript; say what to do.
+    ctx = hk.MockContext(model_dir=fast_format_dirs["eager"], gpu_id=None, manifest={"model": {"serializedFile": "model.pt"}})
+    with pytest.raises(ModelLoadError, match=r"for a state_dict, add modelFile"):
+        BaseHandler().initialize(ctx)
+
+
+# ---------------------------------------------------------------------------------------------
+# detect_format: TorchServe's rules, with errors that name the file and the fix
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("serialized", "model_file", "aot", "expected"),
+    [
+        ("model.pt", "model.py", False, "eager"),
+        (None, "model.py", False, "eager"),
+        ("model.pt2", "model.py", False, "eager"),  # modelFile wins, as in TorchServe
+        ("model.pt", None, False, "torchscript"),
+        ("model.pth", None, False, "torchscript"),
+        ("model.onnx", None, False, "onnx"),
+        ("MODEL.ONNX", None, False, "onnx"),
+        ("model.so", None, True, "aoti-so"),
+    ],
+)
+def test_detect_format(serialized, model_file, aot, expected):
+    assert detect_format(serialized, model_file, aot_compile=aot) == expected
+
+
+def test_detect_format_pt2_kinds(fast_format_dirs):
+    assert detect_format(str(fast_format_dirs["export"] / "model.pt2"), None) == "export"
+
+
+def test_detect_format_errors(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"neither a modelFile nor a serializedFile"):
+        detect_format(None, None)
+    with pytest.raises(ModelLoadError, match=r"model\.so.*pt2: \{export: \{aot_compile: true\}\}"):
+        detect_format(str(tmp_path / "model.so"), None)
+    with pytest.raises(ModelLoadError, match=r"'absent\.pt2' but .* does not exist; fix"):
+        detect_format(str(tmp_path / "absent.pt2"), None)
+    (tmp_path / "text.pt2").write_text("not a zip")
+    with pytest.raises(ModelLoadError, match=r"text\.pt2 is not a \.pt2 archive"):
+        detect_format(str(tmp_path / "text.pt2"), None)
+    with zipfile.ZipFile(tmp_path / "other.pt2", "w") as z:
+        z.writestr("other/readme.txt", "hello")
+    with pytest.raises(ModelLoadError, match=r"other\.pt2 is a \.pt2 archive with neither"):
+        detect_format(str(tmp_path / "other.pt2"), None)
+
+
+def test_unknown_format_names():
+    with pytest.raises(ValueError, match="unknown model format 'tflite'"):
+        load_model("tflite", device=torch.device("cpu"), model_dir=".", model_pt_path="x.tflite")
+    with pytest.raises(ValueError, match="unknown model format 'tflite'"):
+        export_model(torch.nn.Linear(1, 1), (torch.zeros(2, 1),), "x.tflite", "tflite")
+
+
+def test_corrupt_serialized_files(tmp_path):
+    for name, fmt, pattern in (
+        ("model.pt", "torchscript", r"torch\.jit\.load\(.*model\.pt"),
+        ("model.onnx", "onnx", r"onnxruntime could not open .*model\.onnx"),
+    ):
+        (tmp_path / name).write_bytes(b"\x00garbage")
+        with pytest.raises(ModelLoadError, match=pattern):
+            load_model(fmt, device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / name))
+
