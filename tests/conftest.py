@@ -312,6 +312,57 @@ def mlp_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     return model.eval(), directory
 
 
+#: Each model format's serializedFile, and the model config it needs.
+FORMAT_FILES: dict[str, tuple[str, dict]] = {
+    "eager": ("model.pt", {}),
+    "torchscript": ("model.pt", {}),
+    "onnx": ("model.onnx", {}),
+    "export": ("model.pt2", {}),
+    "aoti": ("model.pt2", {}),
+    "aoti-so": ("model.so", {"pt2": {"export": {"aot_compile": True}}}),
+}
+
+
+def format_context(fmt: str, directory: Path) -> Any:
+    """A MockContext for a dir written by :func:`build_format_dir` (a MAR-INF-less manifest)."""
+    import handlerkit as hk
+
+    serialized, config = FORMAT_FILES[fmt]
+    model = {"modelName": f"tiny-{fmt}", "serializedFile": serialized}
+    if fmt == "eager":
+        model["modelFile"] = "model.py"
+    return hk.MockContext(model_dir=directory, gpu_id=None, manifest={"model": model}, model_yaml_config=config)
+
+
+def build_format_dir(root: Path, fmt: str, reference: Any, reference_dir: Path) -> Path:
+    """``reference`` (TinyMLP) written in format ``fmt`` by handlerkit.formats.export_model."""
+    import torch
+
+    from handlerkit.formats import export_model
+
+    directory = root / fmt
+    directory.mkdir()
+    if fmt == "eager":
+        write_model_dir(directory, MLP_MODEL_PY, state_dict=torch.load(reference_dir / "model.pt", weights_only=True))
+    else:
+        export_model(reference, (torch.randn(2, 4),), directory / FORMAT_FILES[fmt][0], fmt)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def fast_format_dirs(tmp_path_factory: pytest.TempPathFactory, mlp_reference: tuple[Any, Path]) -> dict[str, Path]:
+    """eager, torchscript, onnx and export dirs of TinyMLP (about 3 s, once per session)."""
+    root = tmp_path_factory.mktemp("formats")
+    return {fmt: build_format_dir(root, fmt, *mlp_reference) for fmt in ("eager", "torchscript", "onnx", "export")}
+
+
+@pytest.fixture(scope="session")
+def aoti_format_dirs(tmp_path_factory: pytest.TempPathFactory, mlp_reference: tuple[Any, Path]) -> dict[str, Path]:
+    """AOTInductor packages of TinyMLP: 10-30 s of C++ compilation each; for ``slow`` tests."""
+    root = tmp_path_factory.mktemp("formats_aoti")
+    return {fmt: build_format_dir(root, fmt, *mlp_reference) for fmt in ("aoti", "aoti-so")}
+
+
 @pytest.fixture
 def restore_fp32_precision() -> Iterator[None]:
     """Undo TF32 settings a test's handler made (the new fp32_precision API only)."""
@@ -327,9 +378,12 @@ __all__ = [
     "ARGMAX_LINEAR_MODEL_PY",
     "MLP_MODEL_PY",
     "CNN_MODEL_PY",
+    "FORMAT_FILES",
     "LABELS",
     "PredictResponse",
     "bomb_png",
+    "build_format_dir",
+    "format_context",
     "cnn_dir",
     "decode_predict_response",
     "eager_manifest",

@@ -7,68 +7,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MLP_MODEL_PY, write_model_dir
+from conftest import FORMAT_FILES, format_context
 
 import handlerkit as hk
 from handlerkit.errors import ModelLoadError
 from handlerkit.formats import FORMATS, OnnxModel, detect_format, export_model, load_model
 from handlerkit.handlers.base import BaseHandler
 
-# format -> (serializedFile, modelFile, model config, loader recorded in the decisions)
-LAYOUTS: dict[str, tuple[str, str | None, dict, str]] = {
-    "eager": ("model.pt", "model.py", {}, "TinyMLP() + torch.load(weights_only=True)"),
-    "torchscript": ("model.pt", None, {}, "torch.jit.load"),
-    "onnx": ("model.onnx", None, {}, "onnxruntime.InferenceSession"),
-    "export": ("model.pt2", None, {}, "torch.export.load(...).module()"),
-    "aoti": ("model.pt2", None, {}, "torch._inductor.aoti_load_package"),
-    "aoti-so": ("model.so", None, {"pt2": {"export": {"aot_compile": True}}}, "torch._export.aot_load"),
+# format -> the loader recorded in the handler's decisions
+LOADERS = {
+    "eager": "TinyMLP() + torch.load(weights_only=True)",
+    "torchscript": "torch.jit.load",
+    "onnx": "onnxruntime.InferenceSession",
+    "export": "torch.export.load(...).module()",
+    "aoti": "torch._inductor.aoti_load_package",
+    "aoti-so": "torch._export.aot_load",
 }
 FAST = ("eager", "torchscript", "onnx", "export")
 AOTI = ("aoti", "aoti-so")
 
 
-def _build(root: Path, fmt: str, reference: torch.nn.Module, reference_dir: Path) -> Path:
-    serialized, model_file, _, _ = LAYOUTS[fmt]
-    directory = root / fmt
-    directory.mkdir()
-    if fmt == "eager":
-        state = torch.load(reference_dir / "model.pt", weights_only=True)
-        write_model_dir(directory, MLP_MODEL_PY, state_dict=state)
-    else:
-        export_model(reference, (torch.randn(2, 4),), directory / serialized, fmt)
-    return directory
-
-
-@pytest.fixture(scope="session")
-def fast_format_dirs(tmp_path_factory, mlp_reference) -> dict[str, Path]:
-    reference, reference_dir = mlp_reference
-    root = tmp_path_factory.mktemp("formats")
-    return {fmt: _build(root, fmt, reference, reference_dir) for fmt in FAST}
-
-
-@pytest.fixture(scope="session")
-def aoti_format_dirs(tmp_path_factory, mlp_reference) -> dict[str, Path]:
-    """AOTInductor packages: ~10-30 s of C++ compilation each, built once per session."""
-    reference, reference_dir = mlp_reference
-    root = tmp_path_factory.mktemp("formats_aoti")
-    return {fmt: _build(root, fmt, reference, reference_dir) for fmt in AOTI}
-
-
-def context_for(fmt: str, directory: Path) -> hk.MockContext:
-    serialized, model_file, config, _ = LAYOUTS[fmt]
-    model = {"modelName": f"tiny-{fmt}", "serializedFile": serialized}
-    if model_file:
-        model["modelFile"] = model_file
-    return hk.MockContext(model_dir=directory, gpu_id=None, manifest={"model": model}, model_yaml_config=config)
-
-
 def check_matches_eager(fmt: str, directory: Path, reference: torch.nn.Module) -> BaseHandler:
-    ctx = context_for(fmt, directory)
+    ctx = format_context(fmt, directory)
     handler = BaseHandler()
     handler.initialize(ctx)
     assert handler.decisions.model_format == fmt
-    assert handler.decisions.loader == LAYOUTS[fmt][3]
-    assert handler.decisions.model_path == str(directory / LAYOUTS[fmt][0])
+    assert handler.decisions.loader == LOADERS[fmt]
+    assert handler.decisions.model_path == str(directory / FORMAT_FILES[fmt][0])
     generator = torch.Generator().manual_seed(1)
     for batch_size in (1, 3):
         x = torch.randn(batch_size, 4, generator=generator)
@@ -95,12 +60,12 @@ def test_aoti_format_loads_and_matches_eager(fmt, aoti_format_dirs, mlp_referenc
         handler.handle([[1.0, 2.0, 3.0, 4.0, 5.0]], handler.context)
 
 
-def test_every_format_has_a_layout():
-    assert set(LAYOUTS) == set(FORMATS)
+def test_every_format_is_tested():
+    assert set(LOADERS) == set(FORMAT_FILES) == set(FORMATS) == set(FAST + AOTI)
 
 
 def test_onnx_runs_through_the_default_inference(fast_format_dirs):
-    ctx = context_for("onnx", fast_format_dirs["onnx"])
+    ctx = format_context("onnx", fast_format_dirs["onnx"])
     handler = BaseHandler()
     handler.initialize(ctx)
     assert isinstance(handler.model, OnnxModel)
@@ -113,7 +78,7 @@ def test_onnx_runs_through_the_default_inference(fast_format_dirs):
 
 
 def test_export_checks_input_shapes(fast_format_dirs):
-    ctx = context_for("export", fast_format_dirs["export"])
+    ctx = format_context("export", fast_format_dirs["export"])
     handler = BaseHandler()
     handler.initialize(ctx)
     with pytest.raises(Exception, match=r"size\(\)\[1\] == 4|shape"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import textwrap
 import warnings
 
@@ -170,7 +169,6 @@ def test_run_equals_handle_for_handlerkit_handler(harness, images):
 
 def test_run_records_handler_time_and_stage_metrics(tmp_path, images):
     model_dir = make_model_dir(tmp_path, config="handler:\n  profile: true\n")
-    ctx = hk.MockContext.from_model_dir(str(model_dir), config=str(model_dir / "model-config.yaml")) if False else None
     ctx = context_for(model_dir, model_yaml_config_file="model-config.yaml")
     h = hk.Harness("image_classifier", ctx)
     run = h.run(hk.batch(*images))
