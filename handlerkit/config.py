@@ -17,9 +17,9 @@ string ``"true"`` is rejected). Values TorchServe accepts but adjusts (``batchSi
 
 Example::
 
-    cfg = load_config("fixtures/models/shapes/model-config.yaml")
-    cfg.batch_size, cfg.max_batch_delay      # 4, 50
-    cfg.pt2.compile, cfg.pt2.compile_options  # True, {'backend': 'inductor'}
+    cfg = load_config("model-config.yaml")   # batchSize: 4 / pt2: {compile: {enable: true}}
+    cfg.batch_size                           # 4 (None when absent)
+    cfg.pt2.compile, cfg.pt2.reason          # True, "pt2.compile.enable is true: ..."
     cfg.raw                                  # what the handler sees as context.model_yaml_config
 """
 

@@ -21,6 +21,7 @@ the stage again. ``h.run(batch)`` runs every stage and gives the same output as
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import inspect
 import logging
@@ -407,9 +408,21 @@ class Harness:
         return None
 
     # -- the stages ------------------------------------------------------------------------
+    def _fresh_config(self) -> None:
+        """Hand the handler a copy of the model config: TorchServe's BaseHandler.initialize
+        deletes ``pt2.compile.enable`` from it, which would break a second initialize."""
+        config = getattr(self.context, "model_yaml_config", None)
+        if not isinstance(config, dict):
+            return
+        if config is not getattr(self, "_handed_config", None):
+            self._pristine_config = copy.deepcopy(config)  # the user set a new config
+        self._handed_config = copy.deepcopy(self._pristine_config)
+        self.context.model_yaml_config = self._handed_config
+
     def initialize(self) -> StageResult:
         """Run the handler's ``initialize(context)`` (``handle(None, context)`` for functions)."""
         self.results.clear()
+        self._fresh_config()
         if self.is_function:
             func = self.function
             result = self._stage("initialize", lambda: func(None, self.context), None)

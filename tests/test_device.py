@@ -13,6 +13,7 @@ import types
 
 import pytest
 import torch
+from conftest import ts_imports
 
 import handlerkit as hk
 from handlerkit.diagnostics import device as device_mod
@@ -159,19 +160,18 @@ def fake_torch(monkeypatch):
 @pytest.mark.torchserve
 @pytest.mark.usefixtures("restore_fp32_precision")
 @pytest.mark.parametrize(
-    ("kind", "gpu_id", "device", "map_location"),
+    ("kind", "gpu_id", "device", "map_location", "chosen"),
     [
-        ("cpu", "0", "cpu", "cpu"),
-        ("cuda", "0", "cuda:0", "cuda"),
-        ("cuda", None, "cpu", "cpu"),
-        ("xpu", "0", "xpu:0", "xpu"),
-        ("mps", "0", "mps", "mps"),
-        ("mps", None, "cpu", "cpu"),
-        ("xla", "0", "cpu", None),
+        ("cpu", "0", "cpu", "cpu", "cpu"),
+        ("cuda", "0", "cuda:0", "cuda", "cuda"),
+        ("cuda", None, "cpu", "cpu", "cpu"),
+        ("xpu", "0", "xpu:0", "xpu", "xpu"),
+        ("mps", "0", "mps", "mps", "mps"),
+        ("mps", None, "cpu", "cpu", "cpu"),
+        ("xla", "0", "cpu", None, "xla"),  # the faked XLA device is the CPU
     ],
 )
-def test_same_device_and_map_location_as_torchserve(argmax_dir, fake_torch, kind, gpu_id, device, map_location):
-    from conftest import ts_imports
+def test_same_device_and_map_location_as_torchserve(argmax_dir, fake_torch, kind, gpu_id, device, map_location, chosen):
     from ts.torch_handler.base_handler import BaseHandler as TsBaseHandler
 
     if kind != "cpu":
@@ -185,9 +185,7 @@ def test_same_device_and_map_location_as_torchserve(argmax_dir, fake_torch, kind
 
     assert (str(ts_handler.device), ts_handler.map_location) == (device, map_location)
     assert (str(handler.device), handler.map_location) == (device, map_location)
-    expected_kind = kind if device != "cpu" or kind == "xla" else "cpu"
-    assert handler.decisions.device_kind == expected_kind
-    assert handler.decisions.device == device
+    assert (handler.decisions.device, handler.decisions.device_kind) == (device, chosen)
 
 
 @pytest.mark.torchserve

@@ -432,3 +432,19 @@ def test_reload_rebinds_methods_without_reinitialising(model_dir, images):
     with pytest.raises(StageError, match="reload"):
         h.reload()
     assert h.run(hk.batch(*images)).output == ["v2"] * 3
+
+
+def test_torchserve_handler_initializes_twice_with_a_compile_config(model_dir, images):
+    ts_base = pytest.importorskip("ts.torch_handler.base_handler")
+
+    class Handler(ts_base.BaseHandler):
+        def preprocess(self, data):
+            return torch.zeros(1, 3, 64, 64)
+
+    config = {"pt2": {"compile": {"enable": True, "backend": "eager"}}}
+    h = hk.Harness(Handler(), context_for(model_dir, model_yaml_config=config))
+    first = h.run(hk.batch(images[0])).output
+    h.initialize()  # TorchServe deleted "enable" from the dict it was given; we hand a fresh copy
+    assert isinstance(h.handler.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert h.run(hk.batch(images[0])).output == first
+    assert config == {"pt2": {"compile": {"enable": True, "backend": "eager"}}}
