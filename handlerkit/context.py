@@ -480,30 +480,12 @@ def _plain_config(config: Any) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    """Parse a model config YAML into a plain dict ({} for an empty file)."""
-    import yaml  # pyyaml is a dependency; imported here to keep `import handlerkit` light
+    """Read and validate a model config (handlerkit.config); the handler gets the plain dict."""
+    from handlerkit.config import load_config
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ModelLoadError(f"model config {str(path)!r} does not exist", path=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read model config {str(path)!r}: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"model config {str(path)!r} is not valid YAML: {exc}. Fix the file (YAML uses "
-            "spaces, not tabs, for indentation)"
-        ) from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"model config {str(path)!r} must be a YAML mapping (key: value lines): got a "
-            f"{type(data).__name__}"
-        )
-    return data
+    if not path.exists():
+        raise ModelLoadError(f"model config {str(path)!r} does not exist", path=str(path))
+    return load_config(path).to_dict()
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
