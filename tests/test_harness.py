@@ -448,3 +448,38 @@ def test_torchserve_handler_initializes_twice_with_a_compile_config(model_dir, i
     assert isinstance(h.handler.model, torch._dynamo.eval_frame.OptimizedModule)
     assert h.run(hk.batch(images[0])).output == first
     assert config == {"pt2": {"compile": {"enable": True, "backend": "eager"}}}
+
+
+def test_torchserve_image_classifier_runs_unchanged(tmp_path, images):
+    ts_classifier = pytest.importorskip("ts.torch_handler.image_classifier")
+    five = TINY_MODEL.replace("nn.Linear(4, 3)", "nn.Linear(4, 5)")
+    model_dir = make_model_dir(tmp_path, "five", model_src=five, labels=("a", "b", "c", "d", "e"))
+    batch = hk.batch(*images)
+
+    theirs = hk.Harness(ts_classifier.ImageClassifier(), context_for(model_dir))
+    run = theirs.run(batch)
+    assert run.output == theirs.handle(batch)
+    assert list(run.stages) == ["initialize", "preprocess", "inference", "postprocess"]
+    assert all(set(item) == {"a", "b", "c", "d", "e"} for item in run.output)
+
+    ours = hk.Harness("image_classifier", context_for(model_dir))
+    for mine, reference in zip(ours.run(batch).output, run.output):
+        assert mine.keys() == reference.keys()
+        assert all(abs(mine[k] - reference[k]) < 1e-6 for k in mine)
+
+
+def test_function_handler_run_equals_its_handle(model_dir, images):
+    state = {}
+
+    def handle(data, context):
+        if data is None:
+            state["ready"] = True
+            return None
+        return [{"bytes": len(row["body"]), "id": context.get_request_id(i)} for i, row in enumerate(data)]
+
+    h = hk.Harness(handle, context_for(model_dir))
+    batch = hk.batch(*images)
+    assert h.run(batch).output == h.handle(batch) == handle(batch.data, h.context)
+    assert state["ready"]
+    with pytest.raises(HandlerkitError, match="function handler"):
+        h.preprocess(batch)
