@@ -126,17 +126,31 @@ class StageResult:
     cpu_peak_bytes: int | None = None
     cpu_peak_delta_bytes: int | None = None
     cuda_peak_bytes: int | None = None
-    tensors: list[TensorInfo] = field(default_factory=list)
-    input_tensors: list[TensorInfo] = field(default_factory=list)
     logs: list[LogEntry] = field(default_factory=list)
     warnings: list[warnings.WarningMessage] = field(default_factory=list)
     metrics: list[Any] = field(default_factory=list)
     error: StageError | None = None
     problems: list[Any] = field(default_factory=list)
 
+    _tensors: list[TensorInfo] | None = field(default=None, repr=False)
+    _input_tensors: list[TensorInfo] | None = field(default=None, repr=False)
+
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def tensors(self) -> list[TensorInfo]:
+        """Devices, dtypes and shapes of the output's tensors (found on first access)."""
+        if self._tensors is None:
+            self._tensors = tensor_infos(self.output)
+        return self._tensors
+
+    @property
+    def input_tensors(self) -> list[TensorInfo]:
+        if self._input_tensors is None:
+            self._input_tensors = tensor_infos(self.input)
+        return self._input_tensors
 
     @property
     def devices(self) -> list[str]:
@@ -223,18 +237,25 @@ class _ListHandler(logging.Handler):
 
 
 @contextlib.contextmanager
-def _capture_logs(level: int) -> Iterator[_ListHandler]:
+def _capture_logs() -> Iterator[_ListHandler]:
+    # Only a handler is added per stage: Logger.setLevel clears the cache of every logger
+    # (hundreds once torch is imported), which would cost ~0.3 ms per stage.
     root = logging.getLogger()
     handler = _ListHandler()
-    old_level = root.level
     root.addHandler(handler)
-    if root.level > level:
-        root.setLevel(level)
     try:
         yield handler
     finally:
         root.removeHandler(handler)
-        root.setLevel(old_level)
+
+
+def _enable_info_logs() -> None:
+    """TorchServe's worker configures logging at INFO, so handlers' logger.info calls are
+    seen; do the same (once) so the harness can record them. Nothing is printed: no handler
+    is added, and Python's last-resort handler shows WARNING and above only."""
+    root = logging.getLogger()
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
 
 
 # ---------------------------------------------------------------------------- the harness
@@ -259,16 +280,21 @@ class Harness:
         context: the context handed to the handler; a :class:`~handlerkit.MockContext` of the
             current directory when omitted.
         track_memory: measure peak memory per stage (costs a little per stage).
-        capture_logs: keep the log records emitted in each stage (INFO and above).
+        capture_logs: keep the log records emitted in each stage. Like TorchServe's worker,
+            this sets the root logger's level to INFO (once) so handlers' ``logger.info``
+            records exist; it adds no handler, so nothing more is printed.
     """
 
     def __init__(self, handler: Any, context: Any = None, *, track_memory: bool = True, capture_logs: bool = True):
         from handlerkit.context import MockContext
 
         self.context = context if context is not None else MockContext()
-        self.model_dir: str | None = (getattr(self.context, "system_properties", None) or {}).get("model_dir")
+        model_dir = (getattr(self.context, "system_properties", None) or {}).get("model_dir")
+        self.model_dir: str | None = os.path.realpath(model_dir) if model_dir else None
         self.track_memory = track_memory
         self.capture_logs = capture_logs
+        if capture_logs:
+            _enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self.batch: Any = None
         self.handler: Any = None
@@ -345,7 +371,7 @@ class Harness:
         metrics = getattr(self.context, "metrics", None)
         mark = metrics.mark() if hasattr(metrics, "mark") else None
         error: BaseException | None = None
-        log_cm = _capture_logs(logging.INFO) if self.capture_logs else contextlib.nullcontext(None)
+        log_cm = _capture_logs() if self.capture_logs else contextlib.nullcontext(None)
         with warnings.catch_warnings(record=True) as caught, log_cm as log_handler:
             warnings.simplefilter("always")
             with MemoryTracker(device=self._device(), enabled=self.track_memory) as memory:
@@ -365,8 +391,6 @@ class Harness:
             result.logs = log_handler.entries
         if mark is not None:
             result.metrics = list(metrics.since(mark))
-        result.tensors = tensor_infos(result.output)
-        result.input_tensors = tensor_infos(stage_input)
         self.results[stage] = result
         for w in result.warnings:  # re-emit so the notebook shows them as usual
             if issubclass(w.category, HandlerkitWarning):
@@ -509,6 +533,12 @@ class Harness:
         header run ``describe_handle``, ``explain: True`` runs ``explain_handle`` after
         preprocess — where TorchServe's BaseHandler.handle sends them.
         """
+        from handlerkit.diagnostics.contract import check_output
+
+        with self._imports():  # one block for the whole run; the stages re-enter it for free
+            return self._run(batch_or_data)
+
+    def _run(self, batch_or_data: Any) -> Run:
         from handlerkit.diagnostics.contract import check_output
 
         if "initialize" not in self.results or not self.results["initialize"].ok:

@@ -21,6 +21,7 @@ request, each with a timeout.
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
@@ -115,13 +116,17 @@ def free_port_range(width: int, attempts: int = 50) -> int:
     raise RuntimeError(f"no {width} consecutive free ports on {HOST}")
 
 
-def tail(path: Path, lines: int = 40, max_chars: int = 6000) -> str:
-    """The last lines of a text file (or a note that it does not exist)."""
+#: ts_log.log lines that are noise when a test fails (a metric line per request and more).
+NOISE = ("TS_METRICS", "ACCESS_LOG", "MODEL_METRICS")
+
+
+def tail(path: Path, lines: int = 40, max_chars: int = 6000, skip: Sequence[str] = ()) -> str:
+    """The last lines of a text file without lines holding any of ``skip``."""
     if not path.is_file():
         return f"[{path.name}: not written]"
     text = path.read_text("utf-8", errors="replace")
-    out = "\n".join(text.splitlines()[-lines:])
-    return out[-max_chars:]
+    kept = [line for line in text.splitlines() if not any(s in line for s in skip)]
+    return "\n".join(kept[-lines:])[-max_chars:]
 
 
 # ------------------------------------------------------------------------------------ archives
@@ -204,7 +209,7 @@ def multipart(fields: Mapping[str, tuple[str, bytes, str]]) -> tuple[bytes, str]
     return bytes(out), f"multipart/form-data; boundary={boundary}"
 
 
-def http(
+def request(
     port: int,
     method: str,
     path: str,
@@ -244,6 +249,7 @@ class TorchServe:
     started_s: float = 0.0
     _tmp: Path | None = None
     _own_tmp: bool = False
+    stop_output: str = ""
 
     # -- paths ----------------------------------------------------------------------------
     @property
@@ -330,6 +336,7 @@ class TorchServe:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # launcher, JVM and workers share one process group
             )
+        _LIVE.add(self.process.pid)
         self.wait_ready(start + timeout)
         self.started_s = time.monotonic() - start
 
@@ -339,7 +346,7 @@ class TorchServe:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerError(f"torchserve exited with {self.process.returncode} before it was ready\n{self.diagnostics()}")
             try:
-                ping = http(self.inference_port, "GET", "/ping", timeout=5)
+                ping = request(self.inference_port, "GET", "/ping", timeout=5)
                 last = f"/ping: {ping}"
                 if ping.status == 200 and ping.json().get("status") == "Healthy":
                     states = {name: self.worker_states(name) for name in self.models}
@@ -353,7 +360,7 @@ class TorchServe:
             time.sleep(0.5)
 
     def worker_states(self, name: str) -> list[str]:
-        resp = http(self.management_port, "GET", f"/models/{name}", timeout=5)
+        resp = request(self.management_port, "GET", f"/models/{name}", timeout=5)
         if resp.status != 200:
             return []
         return [w.get("status", "?") for w in resp.json()[0].get("workers", [])]
@@ -369,13 +376,15 @@ class TorchServe:
             return notes
         if proc.poll() is None:
             try:
-                subprocess.run(
+                stopped = subprocess.run(
                     [tool("torchserve") or "torchserve", "--stop"],
                     cwd=self.root,
                     env=self.env(),
                     capture_output=True,
+                    text=True,
                     timeout=timeout,
                 )
+                self.stop_output = (stopped.stdout + stopped.stderr).strip()
             except (OSError, subprocess.SubprocessError) as exc:
                 notes.append(f"torchserve --stop failed: {exc}")
             try:
@@ -397,6 +406,7 @@ class TorchServe:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
+        _LIVE.discard(proc.pid)
         if self._own_tmp and self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
         return notes
@@ -404,8 +414,8 @@ class TorchServe:
     # -- diagnostics ----------------------------------------------------------------------
     def diagnostics(self, lines: int = 40) -> str:
         parts = [f"server root: {self.root}", f"command: {' '.join(self.command())}"]
-        for name in ("model_log.log", "ts_log.log", "launcher.log"):
-            parts.append(f"----- tail of {name} -----\n{tail(self.logs / name, lines)}")
+        for name, n in (("model_log.log", lines), ("ts_log.log", lines), ("launcher.log", 10)):
+            parts.append(f"----- tail of {self.logs / name} -----\n{tail(self.logs / name, n, skip=NOISE)}")
         return "\n".join(parts)
 
     # -- requests -------------------------------------------------------------------------
@@ -417,10 +427,10 @@ class TorchServe:
         method: str = "POST",
         timeout: float = 30,
     ) -> Response:
-        return http(self.inference_port, method, f"/predictions/{model}", body, headers, timeout)
+        return request(self.inference_port, method, f"/predictions/{model}", body, headers, timeout)
 
     def management(self, method: str, path: str, timeout: float = 10) -> Response:
-        return http(self.management_port, method, path, timeout=timeout)
+        return request(self.management_port, method, path, timeout=timeout)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -446,3 +456,16 @@ def _group_alive(pgid: int) -> bool:
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
             return True
     return False
+
+
+#: Process groups of servers started and not yet stopped; killed if the interpreter exits first.
+_LIVE: set[int] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for pgid in list(_LIVE):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ARGMAX_LINEAR_MODEL_PY, ARGMAX_MODEL_PY, MLP_MODEL_PY, eager_manifest, write_model_dir
+from conftest import ARGMAX_LINEAR_MODEL_PY, MLP_MODEL_PY, eager_manifest, write_model_dir
 
 import handlerkit as hk
 from handlerkit.errors import ConfigError, HandlerkitError, ModelLoadError

@@ -95,13 +95,21 @@ def _conv_block(in_channels, out_channels, stride):
     )
 
 
+def _distance_from_border_colour(x):
+    # Shape and background colours are random, so the net looks at how far each pixel is
+    # from the mean colour of the image border (mostly background): [N, 3, H, W] -> [N, 1, H, W].
+    border = torch.cat([x[:, :, 0], x[:, :, -1], x[:, :, :, 0], x[:, :, :, -1]], dim=2)
+    background = border.mean(dim=2)[:, :, None, None]
+    return (x - background).abs().sum(dim=1, keepdim=True)
+
+
 class ShapesClassifier(nn.Module):
     num_classes = 5
 
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            _conv_block(3, 16, 1),  # 56 x 56
+            _conv_block(1, 16, 1),  # 56 x 56
             _conv_block(16, 32, 2),  # 28 x 28
             _conv_block(32, 64, 2),  # 14 x 14
             _conv_block(64, 64, 2),  # 7 x 7
@@ -112,6 +120,7 @@ class ShapesClassifier(nn.Module):
     def forward(self, x):
         # The shapes are large and flat, so a quarter of the resolution is plenty (224 -> 56).
         x = F.avg_pool2d(x, 4)
+        x = _distance_from_border_colour(x)
         x = self.features(x)
         x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
         return self.fc(x)
@@ -241,7 +250,7 @@ def _crops(n: int, seed: int):
     pixels = torch.empty((n, 224, 224, 3), dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)
     for i, sample in enumerate(iter_shapes(n, seed)):
-        pixels[i] = torch.from_numpy(np.asarray(crop(sample.image)))
+        pixels[i] = torch.from_numpy(np.array(crop(sample.image)))
         labels[i] = sample.label
     return pixels, labels
 
@@ -314,7 +323,7 @@ def train(model_cls: type, log: Callable[[str], None]):
                     loss.backward()
                     optimizer.step()
                     schedule.step()
-                    total += float(loss) * len(index)
+                    total += loss.item() * len(index)
                 log(f"  epoch {epoch + 1}/{EPOCHS}: loss {total / N_TRAIN:.4f} "
                     f"({time.perf_counter() - t0:.1f} s)")
             accuracy = _accuracy(model, test_x, test_y)
