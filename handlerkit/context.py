@@ -15,6 +15,7 @@ Nothing here imports ``ts`` or ``torch``.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import uuid
@@ -476,7 +477,9 @@ def _plain_config(config: Any) -> dict[str, Any]:
     raw = getattr(config, "raw", config)
     if not isinstance(raw, Mapping):
         raise TypeError(f"model_yaml_config must be a mapping: got {type(config).__name__}")
-    return dict(raw)
+    # A deep copy: TorchServe's BaseHandler.initialize deletes pt2.compile.enable from the
+    # dict it is given, which must not reach the caller's config.
+    return copy.deepcopy(dict(raw))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -69,11 +69,22 @@ class StageError(HandlerkitError):
         self.original = original
 
 
-class PredictionException(Exception):
+def _prediction_exception_base() -> type:
+    # TorchServe's worker catches its own class only (``except PredictionException``), so when
+    # torchserve is installed ours derives from it and keeps its code under the real server.
+    try:
+        from ts.utils.util import PredictionException as TorchServePredictionException
+    except ImportError:
+        return Exception
+    return TorchServePredictionException
+
+
+class PredictionException(_prediction_exception_base()):  # type: ignore[misc]
     """Fail the whole batch with an HTTP code, as ``ts.utils.util.PredictionException`` does.
 
     TorchServe's worker answers every request of the batch with ``error_code`` and
-    ``message``. handlerkit recognises this class and TorchServe's own alike.
+    ``message``. Where torchserve is installed this class is a subclass of TorchServe's, so
+    a handler written against handlerkit keeps its error code under the real server.
     """
 
     def __init__(self, message: str, error_code: int = 500):

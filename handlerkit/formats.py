@@ -312,8 +312,7 @@ def _load_aoti(path: str, device: Any) -> LoadedModel:
         model = torch._inductor.aoti_load_package(path)
     except Exception as exc:
         raise ModelLoadError(f"torch._inductor.aoti_load_package({path!r}) failed: {exc}", path=path) from exc
-    details = {"note": "compile with AOTI_RUNTIME_CHECK_INPUTS=1 so wrong input shapes raise instead of returning garbage"}
-    return LoadedModel(model, "aoti", "torch._inductor.aoti_load_package", path, details)
+    return LoadedModel(model, "aoti", "torch._inductor.aoti_load_package", path, _aoti_details())
 
 
 def _load_aoti_so(path: str, device: Any) -> LoadedModel:
@@ -325,8 +324,23 @@ def _load_aoti_so(path: str, device: Any) -> LoadedModel:
         model = torch._export.aot_load(path, kind)
     except Exception as exc:
         raise ModelLoadError(f"torch._export.aot_load({path!r}) failed: {exc}", path=path) from exc
-    details = {"deprecated": "legacy .so path; prefer a .pt2 package (torch._inductor.aoti_compile_and_package)"}
+    details = {
+        **_aoti_details(),
+        "deprecated": "legacy .so path; prefer a .pt2 package (torch._inductor.aoti_compile_and_package)",
+    }
     return LoadedModel(model, "aoti-so", "torch._export.aot_load", path, details)
+
+
+def _aoti_details() -> dict[str, Any]:
+    # The compiled model reads AOTI_RUNTIME_CHECK_INPUTS from the environment at its first call
+    # (not at compile time); unchecked, wrong input shapes run and may return garbage.
+    checked = os.environ.get("AOTI_RUNTIME_CHECK_INPUTS", "")[:1] not in ("", "0")
+    return {
+        "input_checks": checked,
+        "note": "input shapes are checked only when AOTI_RUNTIME_CHECK_INPUTS=1 is set before the model "
+        "first runs; export with aot_inductor.check_lowerbound=False (export_model does) so a batch "
+        "of 1 passes the checks",
+    }
 
 
 def _load_export(path: str, device: Any) -> LoadedModel:
@@ -340,6 +354,12 @@ def _load_export(path: str, device: Any) -> LoadedModel:
     with contextlib.suppress(Exception):  # already on the right device when it is the CPU
         module = module.to(device)
     return LoadedModel(module, "export", "torch.export.load(...).module()", path, {"checks_input_shapes": True})
+
+
+# With AOTI_RUNTIME_CHECK_INPUTS=1 at run time, AOTInductor checks input shapes, and by default
+# checks a dynamic dimension against torch.export's lower bound of 2 (sizes 0 and 1 are
+# specialised): a batch of 1 would be refused. Dims declared with min=1 must accept 1.
+_AOTI_CONFIGS = {"aot_inductor.check_lowerbound": False}
 
 
 def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt: str, *, dynamic_batch: bool = True) -> str:
@@ -379,32 +399,21 @@ def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt
         torch.onnx.export(
             model, example_inputs, path, input_names=names, dynamic_shapes=dynamic_shapes, verbose=False
         )
-    elif fmt in ("aoti", "export", "aoti-so"):
-        with _env("AOTI_RUNTIME_CHECK_INPUTS", "1"):
-            program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
-            if fmt == "export":
-                torch.export.save(program, path)
-            elif fmt == "aoti":
-                torch._inductor.aoti_compile_and_package(program, package_path=path)
-            else:
-                import torch._export
+    elif fmt in ("aoti", "export"):
+        program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
+        if fmt == "export":
+            torch.export.save(program, path)
+        else:
+            torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=_AOTI_CONFIGS)
+    elif fmt == "aoti-so":
+        import torch._export
 
-                torch._export.aot_compile(
-                    model, example_inputs, dynamic_shapes=dynamic_shapes, options={"aot_inductor.output_path": path}
-                )
+        torch._export.aot_compile(
+            model,
+            example_inputs,
+            dynamic_shapes=dynamic_shapes,
+            options={"aot_inductor.output_path": path, **_AOTI_CONFIGS},
+        )
     else:
         raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
     return path
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old

@@ -680,6 +680,8 @@ class Harness:
         handler's class swapped for the new definition (``initialize`` is not re-run).
         Results of preprocess and later are dropped.
         """
+        from handlerkit.loading import exec_source
+
         target = self.function if self.is_function else type(self.handler)
         with self._imports():  # a model-dir module is in sys.modules only inside this block
             module = sys.modules.get(target.__module__)
@@ -691,7 +693,7 @@ class Harness:
                 raise HandlerkitError(f"cannot reload {self.name}: no loader for {path}")
             fresh = importlib.util.module_from_spec(spec)
             try:
-                spec.loader.exec_module(fresh)
+                exec_source(fresh, path)
             except Exception as exc:
                 raise StageError(
                     f"reload of {path} failed, the handler keeps its previous code: {type(exc).__name__}: {exc}",

@@ -728,6 +728,17 @@ def _ensure_package(package: str, directory: str) -> ModuleType:
     return module
 
 
+def exec_source(module: ModuleType, file: str) -> None:
+    """Execute ``file``'s current source in ``module``, never a cached ``.pyc``.
+
+    A bytecode cache is checked by mtime (whole seconds) and size, so a file rewritten within a
+    second to the same size would run its old code: an edit-and-reload loop must not.
+    """
+    with open(file, "rb") as f:
+        source = importlib.util.decode_source(f.read())
+    exec(compile(source, file, "exec", dont_inherit=True), module.__dict__)
+
+
 def load_module_from_file(
     path: str | os.PathLike[str],
     module_name: str | None = None,
@@ -780,7 +791,7 @@ def load_module_from_file(
     done = False
     try:
         with model_dir_imports(import_dir if import_dir is not None else directory):
-            spec.loader.exec_module(module)
+            exec_source(module, file)
         done = True
     except Exception as exc:
         raise HandlerLoadError(f"importing {file} failed: {type(exc).__name__}: {exc}") from exc

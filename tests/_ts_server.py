@@ -414,8 +414,13 @@ class TorchServe:
     # -- diagnostics ----------------------------------------------------------------------
     def diagnostics(self, lines: int = 40) -> str:
         parts = [f"server root: {self.root}", f"command: {' '.join(self.command())}"]
-        for name, n in (("model_log.log", lines), ("ts_log.log", lines), ("launcher.log", 10)):
-            parts.append(f"----- tail of {self.logs / name} -----\n{tail(self.logs / name, n, skip=NOISE)}")
+        # ts_log.log and the launcher's console repeat the worker's MODEL_LOG lines.
+        for name, n, skip in (
+            ("model_log.log", lines, NOISE),
+            ("ts_log.log", lines, (*NOISE, "MODEL_LOG")),
+            ("launcher.log", 10, (*NOISE, "MODEL_LOG")),
+        ):
+            parts.append(f"----- tail of {self.logs / name} -----\n{tail(self.logs / name, n, skip=skip)}")
         return "\n".join(parts)
 
     # -- requests -------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 import math
 import textwrap
@@ -483,3 +484,24 @@ def test_function_handler_run_equals_its_handle(model_dir, images):
     assert state["ready"]
     with pytest.raises(HandlerkitError, match="function handler"):
         h.preprocess(batch)
+
+
+def test_reload_runs_the_new_source_even_within_the_same_second(model_dir, images):
+    # A .pyc is validated by mtime (whole seconds) and size: same-size edits within a second
+    # would run stale bytecode if reload went through the bytecode cache.
+    source = model_dir / "same_size.py"
+    template = (
+        "from handlerkit.handlers.image_classifier import ImageClassifier\n\n\n"
+        "class SameSize(ImageClassifier):\n"
+        "    def postprocess(self, data):\n"
+        "        return ['{}'] * len(data)\n"
+    )
+    source.write_text(template.format("a"))
+    h = hk.Harness("same_size.py", context_for(model_dir))
+    h.initialize()
+    stamp = os.stat(source).st_mtime_ns
+    for version in "bcd":
+        source.write_text(template.format(version))
+        os.utime(source, ns=(stamp, stamp))
+        h.reload()
+        assert h.run(hk.batch(images[0])).output == [version]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,9 @@ from handlerkit.diagnostics.memory import MemoryTracker
 from handlerkit.errors import ConfigError, ModelLoadError, RequestError
 from handlerkit.handlers.image_classifier import ImageClassifier
 from handlerkit.handlers.vision import VisionHandler, decode_image
+
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "image_classifier"
+FIXTURE_IMAGES = FIXTURE_DIR.parents[1] / "images"
 
 
 def init(model_dir, **kwargs) -> tuple[ImageClassifier, hk.MockContext]:
@@ -213,17 +217,15 @@ def test_explain_gives_integrated_gradients(cnn5_dir, png):
 
 
 def test_fixture_model_when_present():
-    from pathlib import Path
-
-    model_dir = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "image_classifier"
-    images = model_dir.parents[1] / "images"
-    if not (model_dir / "model.pt").is_file():
+    if not (FIXTURE_DIR / "model.pt").is_file():
         pytest.skip("fixtures/models/image_classifier is not built (python -m handlerkit._fixtures)")
-    ctx = hk.MockContext.from_model_dir(model_dir)
+    ctx = hk.MockContext.from_model_dir(FIXTURE_DIR)
     handler = ImageClassifier()
     handler.initialize(ctx)
-    mapping = json.loads((model_dir / "index_to_name.json").read_text())
-    for image in sorted(images.glob("*.png")):
+    mapping = json.loads((FIXTURE_DIR / "index_to_name.json").read_text())
+    images = sorted(FIXTURE_IMAGES.glob("*.png"))
+    assert images, f"no PNG in {FIXTURE_IMAGES}"
+    for image in images:
         [out] = run(handler, ctx, hk.Request.from_file(image))
         best = next(iter(out))
         assert best in mapping.values()
