@@ -100,13 +100,18 @@ class HandlerkitWarning(UserWarning):
     """Diagnostics that are not errors (messages start with ``handlerkit:``)."""
 
 
-class RequestError(HandlerkitError, ValueError):
+class RequestError(PredictionException, HandlerkitError, ValueError):
     """One request of a batch that a handler cannot decode; names the request index.
 
-    Handlers raise it from ``preprocess`` so that the harness (and the developer) knows
-    which request of the batch is at fault.
+    Handlers raise it from ``preprocess`` so that the harness (and the developer) knows which
+    request of the batch is at fault. It is a :class:`PredictionException` with code 400, so
+    TorchServe answers the client "400 Bad Request" with this message instead of its generic
+    "503 Prediction failed" — for every request of the server batch, as any exception does.
     """
 
-    def __init__(self, message: str, request_index: int | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, request_index: int | None = None, error_code: int = 400):
+        super().__init__(message, error_code)
         self.request_index = request_index
+
+    def __str__(self) -> str:
+        return self.message

@@ -9,8 +9,8 @@ a test server never sees, reuses or stops another TorchServe on the machine.
 How TorchServe picks the worker's Python: the ``torchserve`` launcher (``ts/model_server.py``)
 passes ``--python sys.executable`` to the Java frontend, which overrides any ``python=`` line
 of ``config.properties`` (``ConfigManager``), and the frontend starts every worker as
-``<that python> .../ts/model_service_worker.py``. (A per-model venv only replaces it when
-``install_py_dep_per_model`` is true and the archive brings requirements.) ``sys.executable``
+``<that python> .../ts/model_service_worker.py`` (``EnvironmentUtils.getPythonRunTime``; only
+a model whose config says ``useVenv: true`` gets ``<its venv>/bin/python`` instead). ``sys.executable``
 is the interpreter of the launcher script's shebang; we run the ``torchserve`` script that sits
 next to this interpreter, so the workers run this very venv, and ``PATH`` starts with its
 ``bin`` for anything that runs a bare ``python``.
@@ -76,7 +76,10 @@ def java() -> str | None:
 def missing_requirements() -> str | None:
     """Why a real server cannot run here, or None."""
     if java() is None:
-        return "no `java` (Java 11+ is needed by TorchServe's frontend): install a JRE or set JAVA_HOME"
+        home = os.environ.get("JAVA_HOME")
+        if home:
+            return f"JAVA_HOME={home} has no bin/java (TorchServe's frontend needs Java 11+)"
+        return "no `java` on PATH (TorchServe's frontend needs Java 11+): install a JRE or set JAVA_HOME"
     for name in ("torchserve", "torch-model-archiver"):
         if tool(name) is None:
             return f"no `{name}` next to {sys.executable} or on PATH: pip install torchserve==0.12.0 torch-model-archiver==0.12.0"
