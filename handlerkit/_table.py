@@ -33,17 +33,19 @@ def render_text(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: st
         return "  ".join(parts).rstrip()
 
     out = [title] if title else []
-    out.append(line(list(headers)))
-    out.append("  ".join("-" * w for w in widths))
+    if any(headers):  # a key/value table (all headers empty) has no header row
+        out.append(line(list(headers)))
+        out.append("  ".join("-" * w for w in widths))
     out.extend(line(row) for row in cells)
     return "\n".join(out)
 
 
 def render_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
     """The same table as HTML for Jupyter (escaped; no scripts, no external CSS)."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers) if any(headers) else ""
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows
     )
     caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
-    return f"<table class='handlerkit'>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
+    return f"<table class='handlerkit'>{caption}{thead}<tbody>{body}</tbody></table>"

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from handlerkit._stack import user_stacklevel
 from handlerkit._table import render_html, render_text
 from handlerkit.diagnostics.memory import MemoryTracker, format_bytes
 from handlerkit.diagnostics.timing import Timer
@@ -296,6 +297,7 @@ class Harness:
         if capture_logs:
             _enable_info_logs()
         self.results: dict[str, StageResult] = {}
+        self._warning_registry: dict[Any, Any] = {}
         self.batch: Any = None
         self.handler: Any = None
         self.function: Callable[..., Any] | None = None
@@ -392,9 +394,8 @@ class Harness:
         if mark is not None:
             result.metrics = list(metrics.since(mark))
         self.results[stage] = result
-        for w in result.warnings:  # re-emit so the notebook shows them as usual
-            if issubclass(w.category, HandlerkitWarning):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        for w in result.warnings:  # re-emit, so they show as usual (once per place per harness)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=self._warning_registry)
         if error is not None:
             result.error = self._stage_error(stage, error, request_count)
             raise result.error from error
@@ -499,7 +500,7 @@ class Harness:
 
     def _warn_problems(self, result: StageResult) -> None:
         for problem in result.problems:
-            warnings.warn(f"handlerkit: {problem}", HandlerkitWarning, stacklevel=3)
+            warnings.warn(f"handlerkit: {problem}", HandlerkitWarning, stacklevel=user_stacklevel())
 
     def _last_output(self, stage: str, wanted_by: str) -> Any:
         result = self.results.get(stage)
@@ -533,7 +534,6 @@ class Harness:
         header run ``describe_handle``, ``explain: True`` runs ``explain_handle`` after
         preprocess — where TorchServe's BaseHandler.handle sends them.
         """
-        from handlerkit.diagnostics.contract import check_output
 
         with self._imports():  # one block for the whole run; the stages re-enter it for free
             return self._run(batch_or_data)
@@ -636,7 +636,7 @@ class Harness:
                 f"handlerkit: {self.name} overrides handle(), so TorchServe runs that method and not "
                 "preprocess → inference → postprocess on their own; the harness runs it as one 'handle' stage",
                 HandlerkitWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
 
     def handle(self, batch_or_data: Any) -> Any:

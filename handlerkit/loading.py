@@ -240,6 +240,10 @@ def _import_module_spec(spec: str, name: str, mdir: str | None) -> tuple[ModuleT
             f"file.py:function or a dotted module path (e.g. ts.torch_handler.image_classifier)"
         )
     module = _import_by_name(spec, name, mdir)
+    if module is not None and getattr(module, "__file__", None) is None:
+        # A namespace package: a plain folder of that name on sys.path (say a model dir
+        # called image_classifier/ beside the notebook). It holds no handler code.
+        module = None
     if module is not None:
         if mdir is not None and _belongs(module, mdir):
             return module, "model_dir"

@@ -13,8 +13,6 @@ Nothing here imports ``ts`` or ``torch``.
 from __future__ import annotations
 
 import numbers
-import os
-import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -22,18 +20,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from handlerkit._stack import user_stacklevel as _user_stacklevel
 from handlerkit.errors import HandlerkitWarning
 
 __all__ = ["Dimension", "MetricRecord", "MetricType", "RecordedMetric", "RecordingMetrics"]
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning point at the first caller outside handlerkit."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 

@@ -40,7 +40,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, overload
 from urllib.parse import parse_qsl
 
-from handlerkit.context import _user_stacklevel, bind_requests
+from handlerkit._stack import user_stacklevel as _user_stacklevel
+from handlerkit.context import bind_requests
 from handlerkit.errors import HandlerkitWarning
 
 __all__ = ["Batch", "Parameter", "Request", "batch", "decode_enabled"]

@@ -178,7 +178,11 @@ def test_images_of_different_sizes_after_preprocessing(tmp_path, png):
 
 
 class _SizeHandler(VisionHandler):
-    """A VisionHandler whose preprocessing keeps only the image size (no 180 MB tensor)."""
+    """A VisionHandler whose preprocessing keeps only the image size (no 180 MB tensor).
+
+    ``image_mode = None``: the 1-bit bomb stays 1-bit (RGB would be three bytes a pixel)."""
+
+    image_mode = None
 
     @staticmethod
     def image_processing(image: Image.Image) -> torch.Tensor:
@@ -231,3 +235,21 @@ def test_fixture_model_when_present():
         assert best in mapping.values()
         if image.stem in mapping.values():
             assert best == image.stem, (image.name, out)
+
+
+@pytest.mark.parametrize("mode", ["L", "P", "RGBA", "CMYK", "I;16", "1"])
+def test_any_image_mode_is_classified_like_its_rgb_version(cnn5_dir, mode):
+    # TorchServe's ImageClassifier fails on these with a tensor shape error; handlerkit's
+    # VisionHandler converts to RGB first.
+    rgb = Image.new("RGB", (64, 64), (255, 255, 255))
+    rgb.paste((0, 0, 0), (16, 16, 48, 48))
+    converted = rgb.convert(mode)
+    buf = io.BytesIO()
+    converted.save(buf, format="TIFF" if mode == "CMYK" else "PNG")
+    reference = io.BytesIO()
+    converted.convert("RGB").save(reference, format="PNG")
+    handler, ctx = init(cnn5_dir)
+    [out] = run(handler, ctx, hk.Request.from_bytes(buf.getvalue()))
+    [expected] = run(handler, ctx, hk.Request.from_bytes(reference.getvalue()))
+    assert out.keys() == expected.keys()
+    assert all(abs(out[k] - expected[k]) < 1e-6 for k in out)

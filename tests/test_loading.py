@@ -586,3 +586,17 @@ def test_torchserve_load_pickled_model_gets_each_dirs_class(dirs):
         second = BaseHandler()._load_pickled_model(str(a), "model.py", None)
     assert type(first) is type(second)
     assert "model" not in sys.modules
+
+
+def test_a_folder_named_like_a_builtin_does_not_shadow_it(tmp_path, monkeypatch):
+    # A notebook next to its model dir "image_classifier/": the folder is a namespace package
+    # on sys.path, with no handler code; the built-in handler must still be found.
+    (tmp_path / "image_classifier").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    sys.modules.pop("image_classifier", None)
+    try:
+        resolved = resolve_handler("image_classifier")
+    finally:
+        sys.modules.pop("image_classifier", None)
+    assert resolved.cls.__module__ == "handlerkit.handlers.image_classifier"

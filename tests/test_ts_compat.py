@@ -269,12 +269,14 @@ def test_served_base_handler_answers_like_handle(tmp_path):
     assert [r.body for r in responses] == [b"1", b"0"]  # json.dumps(1, indent=2)
 
 
-def test_served_bad_request_fails_the_batch_with_503(tmp_path):
+def test_served_bad_request_fails_the_batch_with_400(tmp_path):
+    # RequestError is a PredictionException(code 400): the worker answers the whole batch
+    # with it and its message, instead of a bare 503 "Prediction failed".
     model_dir = _archive_dir(cnn_dir(tmp_path / "served", 5), SERVED_CLASSIFIER)
     batch = hk.batch(hk.Request.from_bytes(png_bytes(), "image/png"), hk.Request.from_bytes(b"not an image"))
     code, message, responses = _serve(model_dir, batch, batch_size=2)
-    assert (code, message) == (503, "Prediction failed")
-    assert [(r.code, r.body) for r in responses] == [(503, b"error"), (503, b"error")]
+    assert code == 400 and message.startswith("request 1: the 12-byte body is not an image")
+    assert [(r.code, r.body) for r in responses] == [(400, b"error"), (400, b"error")]
     with pytest.raises(RequestError, match="request 1"):
         _direct(model_dir, ImageClassifier(), batch)
 

@@ -55,7 +55,7 @@ def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> 
         problems.append(
             Problem(
                 "output-type",
-                f"{stage} must return a list with one item per request, got {_type_name(output)} "
+                f"must return a list with one item per request, got {_type_name(output)} "
                 "(TorchServe answers 503 'Invalid model predict output')",
                 "return one item per request, e.g. output.tolist() for a tensor or [result] for a single dict",
                 stage,
@@ -66,7 +66,7 @@ def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> 
         problems.append(
             Problem(
                 "output-count",
-                f"{stage} must return one item per request: got {len(output)} item(s) for a batch of {batch_size} "
+                f"must return one item per request: got {len(output)} item(s) for a batch of {batch_size} "
                 "(TorchServe answers 503 'number of batch response mismatched')",
                 "build the output list from the batch, one entry for every request in data",
                 stage,
@@ -117,17 +117,18 @@ def _check_item(item: Any, index: int, stage: str) -> list[Problem]:
     return []
 
 
-_FIXES: list[tuple[tuple[str, ...], str]] = [
-    (("DecompressionBombError",), "send a smaller image, or MockContext(limit_max_image_pixels=False) for trusted sources"),
-    (("UnidentifiedImageError", "cannot identify image file"), "the request body is not an image: send PNG/JPEG bytes as the body or the 'data' field"),
-    (("image file is truncated", "broken data stream", "Truncated"), "the image is truncated or corrupt: re-send the complete file"),
-    (("UnicodeDecodeError",), "the body is not UTF-8: send text with content-type text/plain; charset=utf-8, or decode with errors='replace'"),
-    (("Expected all tensors to be on the same device", "device type"), "move the input to self.device in preprocess (or the model in initialize)"),
-    (("mat1 and mat2 shapes cannot be multiplied", "size mismatch", "shape", "Given groups", "expected input"), "the preprocessed tensor's shape does not fit the model: compare h.results['preprocess'].tensors with the model's expected input"),
-    (("NoneType' object is not callable", "'NoneType' object has no attribute"), "the model or a field is None: did initialize run and succeed? run h.initialize() first"),
-    (("KeyError",), "a request lacks the field the handler reads: TorchServe puts a raw body under 'body' and form fields under their names ('data')"),
-    (("stack expects each tensor to be equal size",), "preprocess must give every request the same shape: resize or pad in image_processing"),
-    (("out of memory", "MemoryError"), "lower the batch size or the input size (TorchServe answers 507)"),
+# (substrings of "ExceptionType: message", fix, the stages it applies to or None for all)
+_FIXES: list[tuple[tuple[str, ...], str, tuple[str, ...] | None]] = [
+    (("DecompressionBombError",), "send a smaller image, or MockContext(limit_max_image_pixels=False) for trusted sources", None),
+    (("UnidentifiedImageError", "cannot identify image file"), "the request body is not an image: send PNG/JPEG bytes as the body or the 'data' field", None),
+    (("image file is truncated", "broken data stream", "Truncated"), "the image is truncated or corrupt: re-send the complete file", None),
+    (("UnicodeDecodeError",), "the body is not UTF-8: send text with content-type text/plain; charset=utf-8, or decode with errors='replace'", None),
+    (("Expected all tensors to be on the same device", "device type"), "move the input to self.device in preprocess (or the model in initialize)", None),
+    (("mat1 and mat2 shapes cannot be multiplied", "size mismatch", "shape", "Given groups", "expected input"), "the preprocessed tensor's shape does not fit the model: compare h.results['preprocess'].tensors with the model's expected input", None),
+    (("NoneType' object is not callable", "'NoneType' object has no attribute"), "the model or a field is None: did initialize run and succeed? run h.initialize() first", None),
+    (("KeyError",), "a request lacks the field the handler reads: TorchServe puts a raw body under 'body' and form fields under their names ('data')", ("preprocess", "handle")),
+    (("stack expects each tensor to be equal size",), "preprocess must give every request the same shape: resize or pad in image_processing", None),
+    (("out of memory", "MemoryError"), "lower the batch size or the input size (TorchServe answers 507)", None),
 ]
 
 
@@ -139,8 +140,8 @@ def suggest_fix(stage: str, exc: BaseException) -> str:
         text += f" {type(cause).__name__}: {cause}"
     if "fix:" in str(exc):
         return ""  # handlerkit's own errors already carry their fix
-    for needles, fix in _FIXES:
-        if any(n in text for n in needles):
+    for needles, fix, stages in _FIXES:
+        if (stages is None or stage in stages) and any(n in text for n in needles):
             return fix
     if stage == "initialize":
         return "check the model dir, manifest and model-config.yaml the context points at"
@@ -167,8 +168,19 @@ def same_output(a: Any, b: Any, atol: float = 1e-4, rtol: float = 1e-4) -> bool:
     return a == b
 
 
+def _rounded(value: Any) -> Any:
+    """Floats to 4 significant digits, so messages read well and stay stable across CPUs."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rounded(v) for v in value)
+    return value
+
+
 def _short(value: Any, n: int = 80) -> str:
-    text = repr(value)
+    text = repr(_rounded(value))
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
@@ -199,14 +211,18 @@ class CheckReport:
         return f"check of {self.handler} on {self.batch_size} request(s): {verdict}"
 
     def __repr__(self) -> str:
-        parts = [self._summary()]
-        if self.problems:
-            parts.append(render_text(["severity", "check", "request", "problem", "fix"], self._rows()))
+        lines = [self._summary()]
+        for p in self.problems:
+            where = f"request {p.request_index}" if p.request_index is not None else "batch"
+            lines.append(f"- {p.severity} [{p.check}] {where}: {p.message}")
+            if p.fix:
+                lines.append(f"    fix: {p.fix}")
+        tables = []
         if self.encodings:
-            parts.append(render_text(["request", "encoding", "outcome"], [list(e) for e in self.encodings]))
+            tables.append(render_text(["request", "encoding", "outcome"], [list(e) for e in self.encodings]))
         if self.parity:
-            parts.append(render_text(["request", "batch parity"], [list(p) for p in self.parity]))
-        return "\n\n".join(parts)
+            tables.append(render_text(["request", "batch parity"], [list(p) for p in self.parity]))
+        return "\n\n".join(["\n".join(lines), *tables])
 
     def _repr_html_(self) -> str:
         parts = [f"<p><b>{self._summary()}</b></p>"]

@@ -157,7 +157,10 @@ class DeviceReport:
         ]
         for key, value in self.gpu.items():
             rows.append((f"gpu {key}", value))
-        rows.append(("fp32 precision", ", ".join(f"{k}={v}" for k, v in self.fp32_precision.items())))
+        precision = ", ".join(f"{k}={'default' if v == 'none' else v}" for k, v in self.fp32_precision.items())
+        if not self.device.startswith("cuda"):
+            precision += f" (CUDA settings; this handler runs on {self.device})"
+        rows.append(("fp32 precision (TF32)", precision))
         if self.tf32:
             rows.append(("tf32 setting", f"{self.tf32.get('setting')} (applied: {self.tf32.get('applied')})"))
         if self.model_format:

@@ -81,10 +81,14 @@ class VisionHandler(BaseHandler):
 
     Accepted per request, as in TorchServe: image bytes (``bytearray``/``bytes``), a base64
     ``str`` of them, or a nested list of floats already shaped like the model input.
-    Subclasses set ``image_processing`` (a callable PIL image → tensor).
+    Subclasses set ``image_processing`` (a callable PIL image → tensor). Images in another
+    mode (grayscale, palette, RGBA, CMYK, 16-bit) are converted to ``image_mode`` first;
+    TorchServe's VisionHandler does not, so its transforms fail on them with a tensor shape
+    error. Set ``image_mode = None`` to get images as decoded.
     """
 
     image_processing: Any = None
+    image_mode: str | None = "RGB"
 
     def initialize(self, context: Any) -> None:
         super().initialize(context)
@@ -108,6 +112,8 @@ class VisionHandler(BaseHandler):
                 )
             if isinstance(payload, (bytes, bytearray, str)):
                 image = decode_image(payload, index, limit_pixels=self._limit_pixels())
+                if self.image_mode is not None and image.mode != self.image_mode:
+                    image = image.convert(self.image_mode)
                 images.append(self.image_processing(image))
             elif isinstance(payload, list):
                 images.append(torch.as_tensor(payload, dtype=torch.float32))
