@@ -132,6 +132,7 @@ class StageResult:
     metrics: list[Any] = field(default_factory=list)
     error: StageError | None = None
     problems: list[Any] = field(default_factory=list)
+    called_stages: list[str] | None = None  # for a 'handle' stage: the stage methods handle() called
 
     _tensors: list[TensorInfo] | None = field(default=None, repr=False)
     _input_tensors: list[TensorInfo] | None = field(default=None, repr=False)
@@ -298,6 +299,7 @@ class Harness:
             _enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self._warning_registry: dict[Any, Any] = {}
+        self._warned_single = False
         self.batch: Any = None
         self.handler: Any = None
         self.function: Callable[..., Any] | None = None
@@ -599,7 +601,7 @@ class Harness:
                 "methods have no effect, here or under TorchServe; fix: call them from handle(), or drop the "
                 "handle override and let BaseHandler.handle run them"
             )
-        result.called_stages = calls  # type: ignore[attr-defined]
+        result.called_stages = calls
         self._warn_problems(result)
         return result
 
@@ -626,8 +628,6 @@ class Harness:
         finally:
             for name in patched:
                 delattr(self.handler, name)
-
-    _warned_single = False
 
     def _warn_single_stage_once(self) -> None:
         if self._overrides_handle and not self._warned_single:

@@ -70,7 +70,8 @@ def time_stages(harness: Any, batch: Any, warmup: int = 3, repeat: int = 20) -> 
     notes = []
     if getattr(getattr(harness.handler, "decisions", None), "compile", None) and harness.handler.decisions.compile.applied and warmup < 1:
         notes.append("the model is compiled and warmup is 0: the first pass includes compilation")
-    harness.batch and harness.batch.bind(harness.context)
+    if harness.batch is not None:  # put back the harness's own batch on the context
+        harness.batch.bind(harness.context)
     return TimingReport.from_samples(samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes)
 
 
