@@ -77,6 +77,41 @@ def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> 
     return problems
 
 
+def _json_trouble(value: Any, depth: int = 0) -> str | None:
+    """Why ``json.dumps(value, allow_nan=False)`` would fail ("nan" / "type"), or None.
+
+    A walk over the usual output shapes; far cheaper than encoding, which matters because the
+    harness checks every postprocess output. Anything unusual is left to ``json.dumps``.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "nan"
+    if depth > 50:
+        return "type"  # json.dumps would recurse too deep as well
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not (key is None or isinstance(key, (str, int, float, bool))):
+                return "type"
+            trouble = _json_trouble(item, depth + 1)
+            if trouble:
+                return trouble
+        return None
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            trouble = _json_trouble(item, depth + 1)
+            if trouble:
+                return trouble
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return "nan"
+    except (TypeError, RecursionError):
+        return "type"
+    return None
+
+
 def _check_item(item: Any, index: int, stage: str) -> list[Problem]:
     if isinstance(item, (str, bytes, bytearray)):
         return []
@@ -91,9 +126,8 @@ def _check_item(item: Any, index: int, stage: str) -> list[Problem]:
                 severity="warning",
             )
         ]
-    try:
-        json.dumps(item, allow_nan=False)
-    except ValueError:
+    trouble = _json_trouble(item)
+    if trouble == "nan":
         return [
             Problem(
                 "item-nan",
@@ -103,11 +137,16 @@ def _check_item(item: Any, index: int, stage: str) -> list[Problem]:
                 index,
             )
         ]
-    except (TypeError, RecursionError) as exc:
+    if trouble == "type":
+        try:
+            json.dumps(item)
+            detail = "a value or key json cannot encode"
+        except (TypeError, ValueError, RecursionError) as exc:
+            detail = str(exc)
         return [
             Problem(
                 "item-serialisable",
-                f"the item is not JSON-serialisable ({exc}); TorchServe answers 503 'Unsupported model output data type.' "
+                f"the item is not JSON-serialisable ({detail}); TorchServe answers 503 'Unsupported model output data type.' "
                 "for the whole batch",
                 "return lists, dicts with str keys, numbers and strings (tensor.tolist(), float(x))",
                 stage,
