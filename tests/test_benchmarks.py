@@ -16,5 +16,5 @@ from handlerkit.cli import demo_paths  # noqa: E402
 
 def test_overhead_measure_times_both_sides():
     model_dir, images = demo_paths()
-    bare_ms, harness_ms = harness_overhead.measure(model_dir, images[0], rounds=3, warmup=1, track_memory=True)
-    assert bare_ms > 0 and harness_ms > 0
+    bare_ms, extra_ms = harness_overhead.measure(model_dir, images[0], rounds=3, warmup=1, track_memory=True)
+    assert bare_ms > 0 and isinstance(extra_ms, float)
