@@ -253,3 +253,33 @@ def test_cuda_untouched_when_not_available_or_not_cuda(monkeypatch: pytest.Monke
     with MemoryTracker("cpu") as m:
         pass
     assert m.cuda_peak_bytes is None and m.cuda_start_bytes is None
+
+
+def test_proc_descriptors_are_reopened_after_fork():
+    # /proc/self is resolved when a file is opened: a forked child must read its own entries,
+    # not the ones behind descriptors inherited from its parent.
+    import os
+
+    from handlerkit.diagnostics import memory as mem
+
+    if mem.cpu_method() != "vmhwm":
+        pytest.skip("VmHWM method not available here")
+    mem.rss_bytes()  # the parent opens its descriptors
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        block = bytearray(200 * 2**20)  # the child grows; the parent does not
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            own = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        os.write(write_end, f"{mem.rss_bytes()} {own}".encode())
+        os._exit(0)
+    os.close(write_end)
+    via_module, own = map(int, os.read(read_end, 64).split())
+    os.waitpid(pid, 0)
+    parent = mem.rss_bytes()
+    if abs(own - parent) < 32 * 2**20:
+        pytest.skip("the child's RSS happens to equal the parent's; the test cannot tell them apart")
+    assert abs(via_module - own) < 8 * 2**20  # the child's own entry, not the parent's

@@ -45,12 +45,27 @@ _active: list[MemoryTracker] = []  # trackers inside their block, outermost firs
 # --- low-level readers (bytes I/O: about 4 µs for the reset, 6 µs statm, 14 µs status) ---
 
 
+# The /proc files stay open: each tracker reads them two or three times, and open + close
+# cost as much as the read. The descriptors belong to the process that opened them
+# (/proc/self is resolved at open), so a forked child opens its own.
+_fds: dict[tuple[str, int], int] = {}
+_fds_pid = os.getpid()
+
+
+def _fd(path: str, flags: int) -> int:
+    global _fds_pid
+    if _fds_pid != os.getpid():
+        _fds.clear()  # inherited descriptors still point at the parent's /proc entries
+        _fds_pid = os.getpid()
+    fd = _fds.get((path, flags))
+    if fd is None:
+        fd = _fds[(path, flags)] = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    return fd
+
+
 def _read(path: str, size: int = 8192) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, size)
-    finally:
-        os.close(fd)
+    # pread at offset 0 makes the kernel generate the file afresh.
+    return os.pread(_fd(path, os.O_RDONLY), size, 0)
 
 
 def _status_field(status: bytes, name: bytes) -> int:
@@ -60,11 +75,7 @@ def _status_field(status: bytes, name: bytes) -> int:
 
 
 def _reset_hwm() -> None:
-    fd = os.open(_CLEAR_REFS, os.O_WRONLY)
-    try:
-        os.write(fd, b"5")
-    finally:
-        os.close(fd)
+    os.pwrite(_fd(_CLEAR_REFS, os.O_WRONLY), b"5", 0)
 
 
 def _hwm_and_rss() -> tuple[int, int]:
