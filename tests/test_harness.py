@@ -525,3 +525,28 @@ def test_output_items_are_judged_as_json_dumps_would(item, check):
 
     problems = check_output([item], 1)
     assert [p.check for p in problems] == ([check] if check else [])
+
+
+def test_device_report_gpu_facts_with_faked_cuda(harness, images, monkeypatch):
+    from types import SimpleNamespace
+
+    import handlerkit.diagnostics.device as device_mod
+
+    harness.run(hk.batch(images[0]))
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=141 * 2**30)
+    )
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 3 * 2**20)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 4 * 2**20)
+    harness.handler.device = torch.device("cuda:0")  # the model stays on the CPU: a mismatch
+    report = harness.device_report()
+    assert report.gpu == {
+        "name": "NVIDIA H200",
+        "capability": "9.0",
+        "total_memory": 141 * 2**30,
+        "allocated": 3 * 2**20,
+        "reserved": 4 * 2**20,
+    }
+    assert any("the model lives on ['cpu']" in w for w in report.warnings)
+    assert "gpu name" in repr(report) and "NVIDIA H200" in report._repr_html_()
