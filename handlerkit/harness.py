@@ -539,19 +539,27 @@ class Harness:
         if x is None:
             x = self._last_output("preprocess", "inference")
         self._invalidate_from("inference")
+        return self._inference_stage(x)
+
+    def _inference_stage(self, x: Any) -> StageResult:
         return self._stage("inference", lambda: self.handler.inference(x), x, self._count())
 
     def postprocess(self, y: Any = None) -> StageResult:
         """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract."""
-        from handlerkit.diagnostics.contract import check_output
-
         self._need_stage_methods("postprocess")
         if y is None:
             y = self._last_output("inference", "postprocess")
         self._invalidate_from("postprocess")
-        result = self._stage("postprocess", lambda: self.handler.postprocess(y), y, self._count())
-        result.problems = check_output(result.output, self._count(), stage="postprocess")
-        self._warn_problems(result)
+        return self._postprocess_stage(y)
+
+    def _postprocess_stage(self, y: Any) -> StageResult:
+        from handlerkit.diagnostics.contract import check_output
+
+        count = self._count()
+        result = self._stage("postprocess", lambda: self.handler.postprocess(y), y, count)
+        result.problems = check_output(result.output, count, stage="postprocess")
+        if result.problems:
+            self._warn_problems(result)
         return result
 
     def _count(self) -> int | None:
@@ -624,8 +632,9 @@ class Harness:
                     result = self._stage("explain", lambda: self.handler.explain_handle(pre.output, data), pre.output, len(batch))
                     stages, output, mode = {"preprocess": pre, "explain": result}, result.output, "explain"
                 else:
-                    inf = self.inference()
-                    post = self.postprocess()
+                    # _bind cleared the later stages already; the public methods' checks are moot
+                    inf = self._inference_stage(pre.output)
+                    post = self._postprocess_stage(inf.output)
                     stages, output, mode = {"preprocess": pre, "inference": inf, "postprocess": post}, post.output, "stages"
             metrics = getattr(self.context, "metrics", None)
             if metrics is not None:  # what BaseHandler.handle records around the stages
