@@ -386,9 +386,11 @@ class Harness:
         return getattr(self.handler, "device", None)
 
     def _invalidate_from(self, stage: str) -> None:
-        start = _ORDER.get(stage, 0)
+        """Drop the results of ``stage`` and every later one (``handle``, ``explain`` and
+        ``describe`` count as later); ``initialize`` is only replaced by initialize itself."""
+        start = _ORDER[stage]
         for name in list(self.results):
-            if _ORDER.get(name, len(STAGES)) >= start and name != "initialize" or name == stage:
+            if name != "initialize" and _ORDER.get(name, len(STAGES)) >= start:
                 del self.results[name]
 
     @contextlib.contextmanager

@@ -316,7 +316,7 @@ def run_checks(harness: Any, batch: Any, atol: float = 1e-4, rtol: float = 1e-4)
             for p in check_output(full, len(batch), stage="handle")
         )
         report.statuses = [harness.context.get_response_status(i) for i in range(len(batch))]
-        for i, (code, phrase) in enumerate(report.statuses):
+        for i, (code, _phrase) in enumerate(report.statuses):
             if not isinstance(code, int) or not 100 <= code <= 599:
                 report.problems.append(
                     Problem("status", f"response status {code!r} is not an HTTP status code", "use context.set_response_status(code, phrase, idx) with 100..599", "handle", i)
