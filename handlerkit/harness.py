@@ -35,13 +35,17 @@ from typing import Any, Callable
 
 from handlerkit._stack import user_stacklevel
 from handlerkit._table import render_html, render_text
+from handlerkit.diagnostics.contract import check_output
 from handlerkit.diagnostics.memory import MemoryTracker, format_bytes
-from handlerkit.diagnostics.timing import Timer
+from handlerkit.diagnostics.timing import Timer, needs_sync
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
+from handlerkit.loading import model_dir_imports
+from handlerkit.requests import Batch
 
 __all__ = ["Harness", "StageResult", "Run", "TensorInfo", "STAGES"]
 
 STAGES = ("initialize", "preprocess", "inference", "postprocess")
+_LISTING_MAX_AGE_S = 1.0  # see Harness._imports
 _ORDER = {name: i for i, name in enumerate(STAGES)}
 logger = logging.getLogger(__name__)
 
@@ -103,7 +107,7 @@ class LogEntry:
     message: str
 
 
-@dataclass
+@dataclass(slots=True)
 class StageResult:
     """What one stage took and gave.
 
@@ -238,25 +242,55 @@ class _ListHandler(logging.Handler):
         self.entries.append(LogEntry(record.levelname, record.name, message))
 
 
-@contextlib.contextmanager
-def _capture_logs() -> Iterator[_ListHandler]:
-    # Only a handler is added per stage: Logger.setLevel clears the cache of every logger
-    # (hundreds once torch is imported), which would cost ~0.3 ms per stage.
-    root = logging.getLogger()
-    handler = _ListHandler()
-    root.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        root.removeHandler(handler)
-
-
-@dataclass
 class _Capture:
-    """Warnings and log records caught while a stage (or a run's stages) ran."""
+    """Warnings and log records caught while a stage, or all the stages of a run, ran; the
+    model dir's imports are open meanwhile.
 
-    warnings: list[Any] = field(default_factory=list)
-    logs: list[LogEntry] = field(default_factory=list)
+    Entered once per run, so each stage only notes where its slice starts. A class rather than
+    stacked ``with`` blocks: the harness pays for it on every run (see the overhead benchmark).
+    Caught warnings are shown as usual when it closes, once per place per harness.
+    """
+
+    __slots__ = ("_catcher", "_harness", "_imports", "_log_handler", "logs", "warnings")
+
+    def __init__(self, harness: Harness) -> None:
+        self._harness = harness
+        self.warnings: list[warnings.WarningMessage] = []
+        self.logs: list[LogEntry] = []
+        self._log_handler: _ListHandler | None = None
+
+    def __enter__(self) -> _Capture:
+        harness = self._harness
+        self._imports = harness._imports()
+        self._imports.__enter__()
+        try:
+            self._catcher = warnings.catch_warnings(record=True)
+            self.warnings = self._catcher.__enter__()
+            warnings.simplefilter("always")
+            if harness.capture_logs:
+                # Only a handler is added: Logger.setLevel would clear the cache of every logger
+                # (hundreds once torch is imported), ~0.3 ms each time.
+                self._log_handler = harness._log_handler
+                self._log_handler.entries = self.logs
+                logging.root.addHandler(self._log_handler)
+        except BaseException:
+            self._imports.__exit__(None, None, None)
+            raise
+        harness._capture = self
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        harness = self._harness
+        harness._capture = None
+        try:
+            if self._log_handler is not None:
+                logging.root.removeHandler(self._log_handler)
+                self._log_handler.entries = []
+            self._catcher.__exit__(None, None, None)
+        finally:
+            self._imports.__exit__(None, None, None)
+        for w in self.warnings:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=harness._warning_registry)
 
 
 def _enable_info_logs() -> None:
@@ -308,8 +342,11 @@ class Harness:
         self.results: dict[str, StageResult] = {}
         self._warning_registry: dict[Any, Any] = {}
         self._warned_single = False
-        self._import_depth = 0
+        self._import_dir = self._existing_model_dir()
         self._capture: _Capture | None = None
+        self._timed_device: Any = None  # the last stage's device, and whether timing it needs sync
+        self._timed_sync = False
+        self._log_handler = _ListHandler()  # one per harness: building a logging.Handler costs locks and weakrefs
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self.batch: Any = None
         self.handler: Any = None
@@ -327,8 +364,7 @@ class Harness:
 
             self.spec = handler
             with self._imports():
-                model_dir = self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
-                resolved = resolve_handler(handler, model_dir)
+                resolved = resolve_handler(handler, self._import_dir)
             if resolved.instance is not None:
                 self.handler = resolved.instance
             else:
@@ -361,26 +397,17 @@ class Harness:
         return self.is_function or self._overrides_handle
 
     # -- plumbing shared by every stage ----------------------------------------------------
-    @contextlib.contextmanager
-    def _imports(self) -> Iterator[None]:
-        """The model dir's imports (handlerkit.loading.model_dir_imports), entered once:
-        stages inside run() find the block already open and pay nothing."""
-        if self._import_depth or not self.model_dir or not os.path.isdir(self.model_dir):
-            # (a missing model dir is initialize's error to report, with its fix)
-            self._import_depth += 1
-            try:
-                yield
-            finally:
-                self._import_depth -= 1
-            return
-        from handlerkit.loading import model_dir_imports
+    def _existing_model_dir(self) -> str | None:
+        """The model dir when it exists (checked at construction, initialize and reload, not per
+        stage: a stat costs ~10 us between two bursts of torch work). A missing model dir is
+        initialize's error to report, with its fix."""
+        return self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
 
-        with model_dir_imports(self.model_dir):
-            self._import_depth += 1
-            try:
-                yield
-            finally:
-                self._import_depth -= 1
+    def _imports(self) -> Any:
+        """The model dir's imports (handlerkit.loading.model_dir_imports); re-entering costs
+        almost nothing, so stages inside run() open it freely. The dir's listing is trusted for
+        a second, so a loop of runs makes no syscall for it."""
+        return model_dir_imports(self._import_dir, max_age=_LISTING_MAX_AGE_S)
 
     def _device(self) -> Any:
         return getattr(self.handler, "device", None)
@@ -389,65 +416,67 @@ class Harness:
         """Drop the results of ``stage`` and every later one (``handle``, ``explain`` and
         ``describe`` count as later); ``initialize`` is only replaced by initialize itself."""
         start = _ORDER[stage]
-        for name in list(self.results):
-            if name != "initialize" and _ORDER.get(name, len(STAGES)) >= start:
-                del self.results[name]
+        results = self.results
+        if len(results) > 1 or "initialize" not in results:
+            for name in [n for n in results if n != "initialize" and _ORDER.get(n, len(STAGES)) >= start]:
+                del results[name]
 
-    @contextlib.contextmanager
-    def _captured(self) -> Iterator[_Capture]:
-        """One capture of warnings and logs (and the model dir's imports) around one stage,
-        or around all the stages of a run: each stage takes its slice by position. Opening
-        it once per run keeps the harness's cost per run to a few tens of microseconds."""
-        if self._capture is not None:
-            yield self._capture
-            return
-        capture = _Capture()
-        log_cm = _capture_logs() if self.capture_logs else contextlib.nullcontext(None)
-        try:
-            with self._imports(), warnings.catch_warnings(record=True) as caught, log_cm as log_handler:
-                warnings.simplefilter("always")
-                capture.warnings = caught
-                capture.logs = log_handler.entries if log_handler is not None else []
-                self._capture = capture
-                yield capture
-        finally:
-            self._capture = None
-            for w in capture.warnings:  # shown as usual, once per place per harness
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=self._warning_registry)
+    def _captured(self) -> Any:
+        """The capture of warnings and logs (and the model dir's imports) around one stage or
+        all the stages of a run; inside an open one, a no-op."""
+        return contextlib.nullcontext(self._capture) if self._capture is not None else _Capture(self)
 
-    def _stage(self, stage: str, func: Callable[[], Any], stage_input: Any, request_count: int | None = None) -> StageResult:
-        """Run ``func`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors.
+    def _stage(self, stage: str, func: Callable[[Any], Any], stage_input: Any, request_count: int | None = None) -> StageResult:
+        """Run ``func(stage_input)`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors.
 
         This runs for every stage of every batch, so it is kept to a handful of operations
         (the overhead benchmark measures it against a bare ``handle``).
         """
         capture = self._capture
         if capture is None:
-            with self._captured():
+            with _Capture(self):
                 return self._stage(stage, func, stage_input, request_count)
-        result = StageResult(stage=stage, input=stage_input)
-        metrics = self.context.metrics
-        mark = metrics.mark() if self._metrics_marks else None
+        metrics = self.context.metrics if self._metrics_marks else None
+        mark = metrics.mark() if metrics is not None else 0
         first_warning, first_log = len(capture.warnings), len(capture.logs)
         device = getattr(self.handler, "device", None)
+        # An accelerator needs a synchronising Timer; on CPU two clock reads do.
+        if device is not self._timed_device:
+            self._timed_device, self._timed_sync = device, device is not None and needs_sync(device)
+        timer = Timer(device) if self._timed_sync else None
         memory = MemoryTracker(device=device).__enter__() if self.track_memory else None
-        timer = Timer(device).start()
-        try:
-            result.output = func()
-            error = None
-        except Exception as exc:  # every stage failure becomes a StageError
-            error = exc
-        timer.stop(failed=error is not None)
+        error = output = None
+        if timer is None:
+            t0 = time.perf_counter_ns()
+            try:
+                output = func(stage_input)
+            except Exception as exc:  # every stage failure becomes a StageError
+                error = exc
+            wall_ms, device_ms = (time.perf_counter_ns() - t0) / 1e6, None
+        else:
+            timer.start()
+            try:
+                output = func(stage_input)
+            except Exception as exc:
+                error = exc
+            timer.stop(failed=error is not None)
+            wall_ms, device_ms = timer.wall_ms, timer.device_ms
         if memory is not None:
             memory.__exit__(None, None, None)
+        result = StageResult(
+            stage,
+            stage_input,
+            output,
+            wall_ms,
+            device_ms,
+            warnings=capture.warnings[first_warning:],
+            logs=capture.logs[first_log:],
+            metrics=metrics.since(mark) if metrics is not None else [],
+        )
+        if memory is not None:
             result.cpu_peak_bytes = memory.cpu_peak_bytes
             result.cpu_peak_delta_bytes = memory.cpu_peak_delta_bytes
             result.cuda_peak_bytes = memory.cuda_peak_bytes
-        result.wall_ms, result.device_ms = timer.wall_ms, timer.device_ms
-        result.warnings = capture.warnings[first_warning:]
-        result.logs = capture.logs[first_log:]
-        if mark is not None:
-            result.metrics = list(metrics.since(mark))
         self.results[stage] = result
         if error is not None:
             result.error = self._stage_error(stage, error, request_count)
@@ -500,20 +529,19 @@ class Harness:
     def initialize(self) -> StageResult:
         """Run the handler's ``initialize(context)`` (``handle(None, context)`` for functions)."""
         self.results.clear()
+        self._import_dir = self._existing_model_dir()
         self._fresh_config()
         if self.is_function:
             func = self.function
-            result = self._stage("initialize", lambda: func(None, self.context), None)
+            result = self._stage("initialize", lambda _: func(None, self.context), None)
         else:
-            result = self._stage("initialize", lambda: self.handler.initialize(self.context), None)
+            result = self._stage("initialize", lambda _: self.handler.initialize(self.context), None)
             decisions = getattr(self.handler, "decisions", None)
             if decisions is not None and result.output is None:
                 result.output = decisions
         return result
 
     def _coerce(self, batch_or_data: Any) -> Any:
-        from handlerkit.requests import Batch
-
         return Batch.coerce(batch_or_data)
 
     def preprocess(self, batch_or_data: Any) -> StageResult:
@@ -533,7 +561,7 @@ class Harness:
 
     def _preprocess_bound(self, batch: Any) -> StageResult:
         data = batch.data
-        return self._stage("preprocess", lambda: self.handler.preprocess(data), data, len(batch))
+        return self._stage("preprocess", self.handler.preprocess, data, len(batch))
 
     def inference(self, x: Any = None) -> StageResult:
         """Run ``inference`` on ``x``, or on the last preprocess output."""
@@ -544,7 +572,7 @@ class Harness:
         return self._inference_stage(x)
 
     def _inference_stage(self, x: Any) -> StageResult:
-        return self._stage("inference", lambda: self.handler.inference(x), x, self._count())
+        return self._stage("inference", self.handler.inference, x, self._count())
 
     def postprocess(self, y: Any = None) -> StageResult:
         """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract."""
@@ -555,10 +583,8 @@ class Harness:
         return self._postprocess_stage(y)
 
     def _postprocess_stage(self, y: Any) -> StageResult:
-        from handlerkit.diagnostics.contract import check_output
-
         count = self._count()
-        result = self._stage("postprocess", lambda: self.handler.postprocess(y), y, count)
+        result = self._stage("postprocess", self.handler.postprocess, y, count)
         result.problems = check_output(result.output, count, stage="postprocess")
         if result.problems:
             self._warn_problems(result)
@@ -609,13 +635,12 @@ class Harness:
             return self._run(batch_or_data)
 
     def _run(self, batch_or_data: Any) -> Run:
-        from handlerkit.diagnostics.contract import check_output
-
-        if "initialize" not in self.results or not self.results["initialize"].ok:
+        initialized = self.results.get("initialize")
+        if initialized is None or initialized.error is not None:
             self.initialize()
         batch = self._coerce(batch_or_data)
         start = time.time()
-        if self.single_stage:
+        if self.function is not None or self._overrides_handle:  # self.single_stage
             self._warn_single_stage_once()
             result = self.handle_stage(batch)
             stages = {"handle": result}
@@ -624,14 +649,14 @@ class Harness:
             self._bind(batch)
             route = self._routing()
             if route == "describe":
-                result = self._stage("describe", lambda: [self.handler.describe_handle()], batch.data, len(batch))
+                result = self._stage("describe", lambda _: [self.handler.describe_handle()], batch.data, len(batch))
                 stages, output, mode = {"describe": result}, result.output, "describe"
             else:
                 pre = self._preprocess_bound(batch)
                 if route == "explain":
                     self.handler._is_explain()  # TorchServe's handle sets handler.explain here
                     data = batch.data
-                    result = self._stage("explain", lambda: self.handler.explain_handle(pre.output, data), pre.output, len(batch))
+                    result = self._stage("explain", lambda x: self.handler.explain_handle(x, data), pre.output, len(batch))
                     stages, output, mode = {"preprocess": pre, "explain": result}, result.output, "explain"
                 else:
                     # _bind cleared the later stages already; the public methods' checks are moot
@@ -649,8 +674,6 @@ class Harness:
 
     def handle_stage(self, batch_or_data: Any) -> StageResult:
         """``handle(data, context)`` as one stage (timed, captured, contract-checked)."""
-        from handlerkit.diagnostics.contract import check_output
-
         batch = self._coerce(batch_or_data)
         self.batch = batch
         self._invalidate_from("preprocess")
@@ -659,7 +682,7 @@ class Harness:
         data = batch.data
         calls: list[str] = []
         with self._spy_stages(calls):
-            result = self._stage("handle", lambda: entry(data, self.context), data, len(batch))
+            result = self._stage("handle", lambda d: entry(d, self.context), data, len(batch))
         result.problems = check_output(result.output, len(batch), stage="handle")
         if self._overrides_handle and not calls:
             result.problems.append(
@@ -748,6 +771,7 @@ class Harness:
         """
         from handlerkit.loading import exec_source
 
+        self._import_dir = self._existing_model_dir()
         target = self.function if self.is_function else type(self.handler)
         with self._imports():  # a model-dir module is in sys.modules only inside this block
             module = sys.modules.get(target.__module__)

@@ -45,8 +45,9 @@ import site
 import sys
 import sysconfig
 import threading
+import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -454,7 +455,7 @@ def _torchserve_builtin_names() -> tuple[str, ...]:
 # Import isolation
 
 _lock = threading.RLock()
-_listings: dict[str, tuple[int, frozenset[str]]] = {}  # dir -> (mtime_ns, module names)
+_listings: dict[str, tuple[int, frozenset[str], float]] = {}  # dir -> (mtime_ns, module names, checked at)
 _caches: dict[str, dict[str, ModuleType]] = {}  # dir -> {sys.modules key: module imported from it}
 _owned: dict[int, str] = {}  # id(module) -> dir, for every module in _caches
 _adopted: set[int] = set()  # ids of cached modules that also stay in sys.modules between blocks
@@ -467,6 +468,7 @@ class _Entered:
     names: frozenset[str]
     saved: dict[str, Any]  # modules set aside (a sys.modules value may be None)
     present: set[str]  # keys of this dir's modules that were in sys.modules already
+    module_count: int = 0  # len(sys.modules) once entered: unchanged at exit means nothing was imported
 
 
 @functools.lru_cache(maxsize=512)
@@ -475,17 +477,30 @@ def _realdir(path: str) -> str:
 
 
 def _normdir(model_dir: str | os.PathLike[str]) -> str:
+    if isinstance(model_dir, str) and model_dir.startswith(os.sep):
+        return _normabs(model_dir)  # the Harness enters its (absolute) dir on every run
     return _realdir(os.path.abspath(os.fspath(model_dir)))
 
 
-def _provided(model_dir: str) -> frozenset[str]:
+@functools.lru_cache(maxsize=512)
+def _normabs(path: str) -> str:
+    return _realdir(os.path.abspath(path))
+
+
+def _provided(model_dir: str, max_age: float = 0.0) -> frozenset[str]:
     """Top-level module names the dir provides (``*.py`` files and sub-directories).
 
     Cached; listed again when the directory's mtime changes (a file added, removed or renamed).
+    The mtime is checked on every call, or, with ``max_age`` seconds, only when the last check
+    is older than that.
     """
-    mtime = os.stat(model_dir).st_mtime_ns
     entry = _listings.get(model_dir)
+    now = time.monotonic()
+    if entry is not None and max_age > 0 and now - entry[2] < max_age:
+        return entry[1]
+    mtime = os.stat(model_dir).st_mtime_ns
     if entry is not None and entry[0] == mtime:
+        _listings[model_dir] = (mtime, entry[1], now)
         return entry[1]
     names: set[str] = set()
     with os.scandir(model_dir) as it:
@@ -500,8 +515,9 @@ def _provided(model_dir: str) -> frozenset[str]:
         finder = sys.path_importer_cache.get(model_dir)
         if finder is not None and hasattr(finder, "invalidate_caches"):
             finder.invalidate_caches()
-    _listings[model_dir] = (mtime, frozenset(names))
-    return _listings[model_dir][1]
+    listing = frozenset(names)
+    _listings[model_dir] = (mtime, listing, now)
+    return listing
 
 
 def _belongs(module: Any, model_dir: str, key: str | None = None) -> bool:
@@ -570,12 +586,13 @@ def _keys(names: frozenset[str]) -> list[str]:
     return keys
 
 
-def _enter(model_dir: str) -> _Entered:
-    names = _provided(model_dir)
+def _enter(model_dir: str, max_age: float = 0.0) -> _Entered:
+    names = _provided(model_dir, max_age)
     cache = _caches.setdefault(model_dir, {})
     saved: dict[str, Any] = {}
     present: set[str] = set()
-    for key in _keys(names):
+    modules = sys.modules
+    for key in _keys(names) if any(name in modules for name in names) else ():
         module = sys.modules.get(key)
         if module is not None and _belongs(module, model_dir, key):
             present.add(key)
@@ -592,11 +609,11 @@ def _enter(model_dir: str) -> _Entered:
                     _remember(outer, _caches.setdefault(outer, {}), key, module)
                     break
     for key, module in cache.items():
-        if key.partition(".")[0] in names and key not in sys.modules:
-            sys.modules[key] = module
+        if key not in modules and key.partition(".")[0] in names:
+            modules[key] = module
     sys.path.insert(0, model_dir)
     _active.append(model_dir)
-    return _Entered(names, saved, present)
+    return _Entered(names, saved, present, len(sys.modules))
 
 
 def _exit(model_dir: str, state: _Entered) -> None:
@@ -606,12 +623,15 @@ def _exit(model_dir: str, state: _Entered) -> None:
     else:
         with contextlib.suppress(ValueError):
             sys.path.remove(model_dir)
-    try:
-        names = _provided(model_dir)
-    except OSError:  # the dir was removed inside the block
-        names = frozenset()
+    if len(sys.modules) == state.module_count:
+        names = state.names  # nothing was imported in the block: no file added since can matter
+    else:
+        try:
+            names = _provided(model_dir)  # a file added inside the block may have been imported
+        except OSError:  # the dir was removed inside the block
+            names = frozenset()
     cache = _caches.setdefault(model_dir, {})
-    for key in _keys(names | state.names):
+    for key in _keys(names if names is state.names else names | state.names):
         module = sys.modules.get(key)
         if module is not None and _belongs(module, model_dir, key):
             _remember(model_dir, cache, key, module)
@@ -621,7 +641,8 @@ def _exit(model_dir: str, state: _Entered) -> None:
                 del sys.modules[key]
             else:
                 _adopted.add(id(module))
-    sys.modules.update(state.saved)
+    if state.saved:
+        sys.modules.update(state.saved)
 
 
 def _remember(model_dir: str, cache: dict[str, ModuleType], key: str, module: ModuleType) -> None:
@@ -647,8 +668,7 @@ def _warn_shadow(model_dir: str, key: str, module: Any) -> None:
     )
 
 
-@contextlib.contextmanager
-def model_dir_imports(model_dir: str | os.PathLike[str] | None) -> Iterator[str | None]:
+def model_dir_imports(model_dir: str | os.PathLike[str] | None, *, max_age: float = 0.0) -> _DirImports:
     """Run a block with `model_dir`'s own modules, as if in TorchServe's one-model worker.
 
     Inside the block `model_dir` is first on ``sys.path``; every top-level name the dir provides
@@ -661,31 +681,59 @@ def model_dir_imports(model_dir: str | os.PathLike[str] | None) -> Iterator[str 
     one gets a warning). ``sys.modules`` is process-wide: do not hold blocks for different dirs
     in several threads at once.
 
+    Entering costs one ``stat`` of the dir, to notice files added since the last block; leaving
+    costs none unless something was imported inside the block.
+
     Args:
         model_dir: the model dir; None makes the block a no-op.
+        max_age: trust the dir's cached listing when it was checked less than this many seconds
+            ago, saving the ``stat`` (the Harness passes 1 s for its runs: a syscall costs several
+            microseconds between two bursts of torch work). A file added meanwhile matters only
+            if its name is also imported from outside the dir; it is seen once the age passes.
 
-    Yields:
-        The real path of the model dir (None for None).
+    Returns:
+        A context manager whose ``with ... as`` value is the real path of the model dir (None
+        for None).
 
     Raises:
-        FileNotFoundError: model_dir does not exist.
+        FileNotFoundError: on entry, when model_dir does not exist.
     """
-    if model_dir is None:
-        yield None
-        return
-    directory = _normdir(model_dir)
-    with _lock:
-        if _active and _active[-1] == directory:
-            _active.append(directory)
-            state = None
-        else:
-            try:
-                state = _enter(directory)
-            except FileNotFoundError as exc:
-                raise FileNotFoundError(f"model dir {os.fspath(model_dir)!r} does not exist") from exc
-    try:
-        yield directory
-    finally:
+    return _DirImports(model_dir, max_age)
+
+
+class _DirImports:
+    """The context manager :func:`model_dir_imports` returns (a class, not a generator: the
+    Harness enters one per run, so entering and leaving are kept to a few operations)."""
+
+    __slots__ = ("_directory", "_max_age", "_model_dir", "_state")
+
+    def __init__(self, model_dir: str | os.PathLike[str] | None, max_age: float = 0.0) -> None:
+        self._model_dir = model_dir
+        self._max_age = max_age
+        self._directory: str | None = None
+        self._state: _Entered | None = None
+
+    def __enter__(self) -> str | None:
+        if self._model_dir is None:
+            return None
+        directory = _normdir(self._model_dir)
+        with _lock:
+            if _active and _active[-1] == directory:
+                _active.append(directory)
+                state = None
+            else:
+                try:
+                    state = _enter(directory, self._max_age)
+                except FileNotFoundError as exc:
+                    raise FileNotFoundError(f"model dir {os.fspath(self._model_dir)!r} does not exist") from exc
+        self._directory, self._state = directory, state
+        return directory
+
+    def __exit__(self, *exc_info: object) -> None:
+        directory = self._directory
+        if directory is None:
+            return
+        state, self._directory, self._state = self._state, None, None
         with _lock:
             if state is None:
                 _active.pop()

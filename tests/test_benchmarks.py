@@ -14,7 +14,9 @@ import harness_overhead  # noqa: E402
 from handlerkit.cli import demo_paths  # noqa: E402
 
 
-def test_overhead_measure_times_both_sides():
+def test_overhead_measure_times_every_variant_in_every_round():
     model_dir, images = demo_paths()
-    bare_ms, extra_ms = harness_overhead.measure(model_dir, images[0], rounds=3, warmup=1, track_memory=True)
-    assert bare_ms > 0 and isinstance(extra_ms, float)
+    bare_ms, extras = harness_overhead.measure(model_dir, images[0], rounds=3, warmup=1, block=2)
+    assert bare_ms > 0
+    assert set(extras) == {label for label, _, _ in harness_overhead.VARIANTS}
+    assert all(len(samples) == 3 for samples in extras.values())

@@ -6,7 +6,6 @@ Nothing here trains: the builder itself is checked by `python -m handlerkit._fix
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 from pathlib import Path
 

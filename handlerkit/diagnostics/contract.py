@@ -77,6 +77,9 @@ def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> 
     return problems
 
 
+_JSON_LEAVES = frozenset({str, int, bool, type(None)})
+
+
 def _json_trouble(value: Any, depth: int = 0) -> str | None:
     """Why ``json.dumps(value, allow_nan=False)`` would fail ("nan" / "type"), or None.
 
@@ -93,15 +96,25 @@ def _json_trouble(value: Any, depth: int = 0) -> str | None:
         for key, item in value.items():
             if not (key is None or isinstance(key, (str, int, float, bool))):
                 return "type"
-            trouble = _json_trouble(item, depth + 1)
-            if trouble:
-                return trouble
+            kind = type(item)  # leaves (a label's score...) without a call
+            if kind is float:
+                if not math.isfinite(item):
+                    return "nan"
+            elif kind not in _JSON_LEAVES:
+                trouble = _json_trouble(item, depth + 1)
+                if trouble:
+                    return trouble
         return None
     if isinstance(value, (list, tuple)):
         for item in value:
-            trouble = _json_trouble(item, depth + 1)
-            if trouble:
-                return trouble
+            kind = type(item)
+            if kind is float:
+                if not math.isfinite(item):
+                    return "nan"
+            elif kind not in _JSON_LEAVES:
+                trouble = _json_trouble(item, depth + 1)
+                if trouble:
+                    return trouble
         return None
     try:
         json.dumps(value, allow_nan=False)

@@ -34,6 +34,7 @@ __all__ = [
     "time_callable_stages",
     "batch_sizes",
     "device_kind",
+    "needs_sync",
     "synchronize",
 ]
 
@@ -69,6 +70,13 @@ def _kind_available(kind: str) -> bool:
     if kind == "mps":
         return _device.mps_available()
     return False
+
+
+def needs_sync(device: Any) -> bool:
+    """Whether timing work on ``device`` needs device synchronisation (an available
+    CUDA, XPU or MPS device); False for CPU and None."""
+    kind = device_kind(device)
+    return kind in _SYNCED_KINDS and _kind_available(kind)
 
 
 def synchronize(kind: str, device: Any = None) -> None:
@@ -139,7 +147,7 @@ class Timer:
         self.device = device
         self.kind = device_kind(device)
         # Decided once per Timer, so entering and leaving stay at a few calls.
-        self._sync = self.kind in _SYNCED_KINDS and _kind_available(self.kind)
+        self._sync = needs_sync(device)
         self._events: tuple[Any, Any] | None = None
         self._t0 = 0
         self.wall_ms: float | None = None
