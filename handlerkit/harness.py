@@ -197,7 +197,7 @@ class StageResult:
         return render_html(["", ""], self._rows(), title=f"stage {self.stage}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Run:
     """All stages of one batch: ``output`` is what ``handle`` would have returned."""
 
@@ -266,7 +266,10 @@ class _Capture:
         try:
             self._catcher = warnings.catch_warnings(record=True)
             self.warnings = self._catcher.__enter__()
-            warnings.simplefilter("always")
+            # Record every warning: the same as simplefilter("always") on the copied filter
+            # list, without the ValueError simplefilter raises and catches each time.
+            warnings.resetwarnings()
+            warnings.simplefilter("always", append=True)
             if harness.capture_logs:
                 # Only a handler is added: Logger.setLevel would clear the cache of every logger
                 # (hundreds once torch is imported), ~0.3 ms each time.
