@@ -552,19 +552,20 @@ class Harness:
         self._need_stage_methods("preprocess")
         batch = self._coerce(batch_or_data)
         self._bind(batch)
-        return self._preprocess_bound(batch)
+        return self._stage("preprocess", self.handler.preprocess, batch.data, len(batch))
 
     def _bind(self, batch: Any) -> None:
         """Make ``batch`` the current one, as TorchServe's worker does before ``handle``."""
         self.batch = batch
-        self._invalidate_from("preprocess")
+        results = self.results  # drop every stage but initialize (_invalidate_from, cheaper)
+        if len(results) > 1 or "initialize" not in results:
+            initialized = results.get("initialize")
+            results.clear()
+            if initialized is not None:
+                results["initialize"] = initialized
         batch.bind(self.context)
         if self.handler is not None:
             self.handler.context = self.context  # BaseHandler.handle sets it before preprocess
-
-    def _preprocess_bound(self, batch: Any) -> StageResult:
-        data = batch.data
-        return self._stage("preprocess", self.handler.preprocess, data, len(batch))
 
     def inference(self, x: Any = None) -> StageResult:
         """Run ``inference`` on ``x``, or on the last preprocess output."""
@@ -572,9 +573,6 @@ class Harness:
         if x is None:
             x = self._last_output("preprocess", "inference")
         self._invalidate_from("inference")
-        return self._inference_stage(x)
-
-    def _inference_stage(self, x: Any) -> StageResult:
         return self._stage("inference", self.handler.inference, x, self._count())
 
     def postprocess(self, y: Any = None) -> StageResult:
@@ -583,10 +581,9 @@ class Harness:
         if y is None:
             y = self._last_output("inference", "postprocess")
         self._invalidate_from("postprocess")
-        return self._postprocess_stage(y)
+        return self._postprocess_stage(y, self._count())
 
-    def _postprocess_stage(self, y: Any) -> StageResult:
-        count = self._count()
+    def _postprocess_stage(self, y: Any, count: int | None) -> StageResult:
         result = self._stage("postprocess", self.handler.postprocess, y, count)
         result.problems = check_output(result.output, count, stage="postprocess")
         if result.problems:
@@ -641,7 +638,7 @@ class Harness:
         initialized = self.results.get("initialize")
         if initialized is None or initialized.error is not None:
             self.initialize()
-        batch = self._coerce(batch_or_data)
+        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
         start = time.time()
         if self.function is not None or self._overrides_handle:  # self.single_stage
             self._warn_single_stage_once()
@@ -651,27 +648,28 @@ class Harness:
         else:
             self._bind(batch)
             route = self._routing()
+            handler, count = self.handler, len(batch)
             if route == "describe":
-                result = self._stage("describe", lambda _: [self.handler.describe_handle()], batch.data, len(batch))
+                result = self._stage("describe", lambda _: [handler.describe_handle()], batch.data, count)
                 stages, output, mode = {"describe": result}, result.output, "describe"
             else:
-                pre = self._preprocess_bound(batch)
+                pre = self._stage("preprocess", handler.preprocess, batch.data, count)
                 if route == "explain":
-                    self.handler._is_explain()  # TorchServe's handle sets handler.explain here
+                    handler._is_explain()  # TorchServe's handle sets handler.explain here
                     data = batch.data
-                    result = self._stage("explain", lambda x: self.handler.explain_handle(x, data), pre.output, len(batch))
+                    result = self._stage("explain", lambda x: handler.explain_handle(x, data), pre.output, count)
                     stages, output, mode = {"preprocess": pre, "explain": result}, result.output, "explain"
                 else:
                     # _bind cleared the later stages already; the public methods' checks are moot
-                    inf = self._inference_stage(pre.output)
-                    post = self._postprocess_stage(inf.output)
+                    inf = self._stage("inference", handler.inference, pre.output, count)
+                    post = self._postprocess_stage(inf.output, count)
                     stages, output, mode = {"preprocess": pre, "inference": inf, "postprocess": post}, post.output, "stages"
             metrics = getattr(self.context, "metrics", None)
             if metrics is not None:  # what BaseHandler.handle records around the stages
                 metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
             if mode in ("describe", "explain"):
                 last = stages[mode]
-                last.problems = check_output(output, len(batch), stage=mode)
+                last.problems = check_output(output, count, stage=mode)
         all_stages = {"initialize": self.results["initialize"], **stages}
         return Run(output=output, stages=all_stages, batch_size=len(batch), mode=mode)
 
@@ -679,7 +677,12 @@ class Harness:
         """``handle(data, context)`` as one stage (timed, captured, contract-checked)."""
         batch = self._coerce(batch_or_data)
         self.batch = batch
-        self._invalidate_from("preprocess")
+        results = self.results  # drop every stage but initialize (_invalidate_from, cheaper)
+        if len(results) > 1 or "initialize" not in results:
+            initialized = results.get("initialize")
+            results.clear()
+            if initialized is not None:
+                results["initialize"] = initialized
         batch.bind(self.context)
         entry = self.function if self.is_function else self.handler.handle
         data = batch.data

@@ -463,7 +463,7 @@ _active: list[str] = []  # the dirs of the open model_dir_imports blocks, innerm
 _warned_shadows: set[tuple[str, str]] = set()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entered:
     names: frozenset[str]
     saved: dict[str, Any]  # modules set aside (a sys.modules value may be None)
@@ -576,7 +576,7 @@ def _keys(names: frozenset[str]) -> list[str]:
         key = stack.pop()
         keys.append(key)
         module = sys.modules.get(key)
-        if module is None or not hasattr(module, "__path__"):
+        if "__path__" not in getattr(module, "__dict__", ()):  # not a package (and no raise inside hasattr)
             continue
         for attr, value in list(vars(module).items()):
             if isinstance(value, ModuleType):
@@ -586,13 +586,22 @@ def _keys(names: frozenset[str]) -> list[str]:
     return keys
 
 
+def _any_imported(names: frozenset[str]) -> bool:
+    modules = sys.modules
+    for name in names:
+        if name in modules:
+            return True
+    return False
+
+
 def _enter(model_dir: str, max_age: float = 0.0) -> _Entered:
     names = _provided(model_dir, max_age)
     cache = _caches.setdefault(model_dir, {})
     saved: dict[str, Any] = {}
     present: set[str] = set()
     modules = sys.modules
-    for key in _keys(names) if any(name in modules for name in names) else ():
+    # Usually no name of the dir is imported outside a block: nothing to set aside or adopt.
+    for key in _keys(names) if _any_imported(names) else ():
         module = sys.modules.get(key)
         if module is not None and _belongs(module, model_dir, key):
             present.add(key)
@@ -608,7 +617,7 @@ def _enter(model_dir: str, max_age: float = 0.0) -> _Entered:
                 if module is not None and _belongs(module, outer, key):
                     _remember(outer, _caches.setdefault(outer, {}), key, module)
                     break
-    for key, module in cache.items():
+    for key, module in cache.items() if cache else ():
         if key not in modules and key.partition(".")[0] in names:
             modules[key] = module
     sys.path.insert(0, model_dir)
@@ -630,8 +639,14 @@ def _exit(model_dir: str, state: _Entered) -> None:
             names = _provided(model_dir)  # a file added inside the block may have been imported
         except OSError:  # the dir was removed inside the block
             names = frozenset()
+    if names is not state.names:
+        names = names | state.names
+    if not _any_imported(names):
+        if state.saved:
+            sys.modules.update(state.saved)
+        return
     cache = _caches.setdefault(model_dir, {})
-    for key in _keys(names if names is state.names else names | state.names):
+    for key in _keys(names):
         module = sys.modules.get(key)
         if module is not None and _belongs(module, model_dir, key):
             _remember(model_dir, cache, key, module)

@@ -600,3 +600,51 @@ def test_a_folder_named_like_a_builtin_does_not_shadow_it(tmp_path, monkeypatch)
     finally:
         sys.modules.pop("image_classifier", None)
     assert resolved.cls.__module__ == "handlerkit.handlers.image_classifier"
+
+
+def test_listing_is_trusted_for_max_age_seconds(dirs, monkeypatch):
+    a, _ = dirs
+    with model_dir_imports(a, max_age=60):
+        pass  # lists the dir (or checks its mtime) and notes when
+    stats = []
+    real_stat = os.stat
+    monkeypatch.setattr(loading.os, "stat", lambda p, *args, **kw: stats.append(p) or real_stat(p, *args, **kw))
+    write(a, "late_module.py", "WHO = 'late'\n")
+    os.utime(a, ns=(0, real_stat(a).st_mtime_ns + 10**9))
+    stats.clear()  # (os.stat is the process's: pathlib's mkdir called it)
+    with model_dir_imports(a, max_age=60):
+        assert stats == []  # trusted: no stat on entry...
+    assert "late_module" not in sys.modules
+    with model_dir_imports(a):  # ...while the default checks every time and sees the new file
+        assert importlib.import_module("late_module").WHO == "late"
+    assert stats and "late_module" not in sys.modules
+    clock = [loading.time.monotonic()]
+    monkeypatch.setattr(loading.time, "monotonic", lambda: clock[0])
+    stats.clear()
+    with model_dir_imports(a, max_age=60):
+        pass
+    assert stats == []
+    clock[0] += 61  # once the age has passed, the mtime is checked again
+    with model_dir_imports(a, max_age=60):
+        pass
+    assert len(stats) == 1
+
+
+def test_leaving_a_block_lists_the_dir_only_when_something_was_imported(dirs, monkeypatch):
+    a, _ = dirs
+    with model_dir_imports(a):
+        importlib.import_module("model")
+    calls = []
+    real_provided = loading._provided
+    monkeypatch.setattr(loading, "_provided", lambda d, max_age=0.0: calls.append(max_age) or real_provided(d, max_age))
+    with model_dir_imports(a):
+        importlib.import_module("model")  # cached: sys.modules does not grow
+    assert len(calls) == 1  # the entry only
+    assert "model" not in sys.modules
+    write(a, "fresh_module.py", "WHO = 'fresh'\n")
+    os.utime(a, ns=(0, os.stat(a).st_mtime_ns + 10**9))
+    calls.clear()
+    with model_dir_imports(a):
+        importlib.import_module("fresh_module")
+    assert len(calls) == 2  # entry, and exit because a module was imported
+    assert "fresh_module" not in sys.modules and "model" not in sys.modules
