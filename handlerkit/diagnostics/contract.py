@@ -93,21 +93,17 @@ def _json_trouble(value: Any, depth: int = 0) -> str | None:
     if depth > 50:
         return "type"  # json.dumps would recurse too deep as well
     if isinstance(value, dict):
-        for key, item in value.items():
+        for key in value:
             if not (key is None or isinstance(key, (str, int, float, bool))):
                 return "type"
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        items = None
+    if items is not None:
+        for item in items:
             kind = type(item)  # leaves (a label's score...) without a call
-            if kind is float:
-                if not math.isfinite(item):
-                    return "nan"
-            elif kind not in _JSON_LEAVES:
-                trouble = _json_trouble(item, depth + 1)
-                if trouble:
-                    return trouble
-        return None
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            kind = type(item)
             if kind is float:
                 if not math.isfinite(item):
                     return "nan"
