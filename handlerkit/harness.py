@@ -39,7 +39,7 @@ from handlerkit.diagnostics.contract import check_output
 from handlerkit.diagnostics.memory import MemoryTracker, format_bytes
 from handlerkit.diagnostics.timing import Timer, needs_sync
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
-from handlerkit.loading import model_dir_imports
+from handlerkit.isolation import model_dir_imports
 from handlerkit.requests import Batch
 
 __all__ = ["Harness", "StageResult", "Run", "TensorInfo", "STAGES"]
@@ -407,7 +407,7 @@ class Harness:
         return self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
 
     def _imports(self) -> Any:
-        """The model dir's imports (handlerkit.loading.model_dir_imports); re-entering costs
+        """The model dir's imports (handlerkit.isolation.model_dir_imports); re-entering costs
         almost nothing, so stages inside run() open it freely. The dir's listing is trusted for
         a second, so a loop of runs makes no syscall for it."""
         return model_dir_imports(self._import_dir, max_age=_LISTING_MAX_AGE_S)
@@ -774,7 +774,7 @@ class Harness:
         handler's class swapped for the new definition (``initialize`` is not re-run).
         Results of preprocess and later are dropped.
         """
-        from handlerkit.loading import exec_source
+        from handlerkit.isolation import exec_source
 
         self._import_dir = self._existing_model_dir()
         target = self.function if self.is_function else type(self.handler)

@@ -555,13 +555,13 @@ def test_device_report_gpu_facts_with_faked_cuda(harness, images, monkeypatch):
 def test_run_makes_no_syscall_for_the_model_dir(harness, images, monkeypatch):
     # Between two bursts of torch work a stat costs several microseconds: a loop of runs
     # (time(), sweep(), the overhead benchmark) must not pay it on every run.
-    from handlerkit import loading
+    from handlerkit import isolation
 
     batch = hk.batch(images[0])
     harness.run(batch)
     calls = []
     real_stat, real_isdir = os.stat, os.path.isdir
-    monkeypatch.setattr(loading.os, "stat", lambda *a, **k: calls.append(a) or real_stat(*a, **k))
+    monkeypatch.setattr(isolation.os, "stat", lambda *a, **k: calls.append(a) or real_stat(*a, **k))
     monkeypatch.setattr(os.path, "isdir", lambda p: calls.append(p) or real_isdir(p))
     for _ in range(3):
         run = harness.run(batch)

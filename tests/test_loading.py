@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from handlerkit import loading
+from handlerkit import isolation
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
 from handlerkit.loading import (
     ResolvedHandler,
@@ -68,7 +68,7 @@ def _clean_state():
     yield
     clear_module_cache()
     assert sys.path == path_before
-    assert not loading._active
+    assert not isolation._active
 
 
 @pytest.fixture
@@ -469,7 +469,7 @@ def test_new_files_are_seen_and_the_listing_is_cached(dirs, monkeypatch):
         pass
     scans = []
     real_scandir = os.scandir
-    monkeypatch.setattr(loading.os, "scandir", lambda p: scans.append(p) or real_scandir(p))
+    monkeypatch.setattr(isolation.os, "scandir", lambda p: scans.append(p) or real_scandir(p))
     for _ in range(3):
         with model_dir_imports(a):
             pass
@@ -608,7 +608,7 @@ def test_listing_is_trusted_for_max_age_seconds(dirs, monkeypatch):
         pass  # lists the dir (or checks its mtime) and notes when
     stats = []
     real_stat = os.stat
-    monkeypatch.setattr(loading.os, "stat", lambda p, *args, **kw: stats.append(p) or real_stat(p, *args, **kw))
+    monkeypatch.setattr(isolation.os, "stat", lambda p, *args, **kw: stats.append(p) or real_stat(p, *args, **kw))
     write(a, "late_module.py", "WHO = 'late'\n")
     os.utime(a, ns=(0, real_stat(a).st_mtime_ns + 10**9))
     stats.clear()  # (os.stat is the process's: pathlib's mkdir called it)
@@ -618,8 +618,8 @@ def test_listing_is_trusted_for_max_age_seconds(dirs, monkeypatch):
     with model_dir_imports(a):  # ...while the default checks every time and sees the new file
         assert importlib.import_module("late_module").WHO == "late"
     assert stats and "late_module" not in sys.modules
-    clock = [loading.time.monotonic()]
-    monkeypatch.setattr(loading.time, "monotonic", lambda: clock[0])
+    clock = [isolation.time.monotonic()]
+    monkeypatch.setattr(isolation.time, "monotonic", lambda: clock[0])
     stats.clear()
     with model_dir_imports(a, max_age=60):
         pass
@@ -635,8 +635,8 @@ def test_leaving_a_block_lists_the_dir_only_when_something_was_imported(dirs, mo
     with model_dir_imports(a):
         importlib.import_module("model")
     calls = []
-    real_provided = loading._provided
-    monkeypatch.setattr(loading, "_provided", lambda d, max_age=0.0: calls.append(max_age) or real_provided(d, max_age))
+    real_provided = isolation._provided
+    monkeypatch.setattr(isolation, "_provided", lambda d, max_age=0.0: calls.append(max_age) or real_provided(d, max_age))
     with model_dir_imports(a):
         importlib.import_module("model")  # cached: sys.modules does not grow
     assert len(calls) == 1  # the entry only
