@@ -366,7 +366,7 @@ class Harness:
             from handlerkit.loading import resolve_handler
 
             self.spec = handler
-            with self._imports():
+            with self._imports(max_age=0):
                 resolved = resolve_handler(handler, self._import_dir)
             if resolved.instance is not None:
                 self.handler = resolved.instance
@@ -406,11 +406,11 @@ class Harness:
         initialize's error to report, with its fix."""
         return self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
 
-    def _imports(self) -> Any:
+    def _imports(self, max_age: float = _LISTING_MAX_AGE_S) -> Any:
         """The model dir's imports (handlerkit.isolation.model_dir_imports); re-entering costs
         almost nothing, so stages inside run() open it freely. The dir's listing is trusted for
-        a second, so a loop of runs makes no syscall for it."""
-        return model_dir_imports(self._import_dir, max_age=_LISTING_MAX_AGE_S)
+        a second, so a loop of runs makes no syscall for it; initialize and reload look afresh."""
+        return model_dir_imports(self._import_dir, max_age=max_age)
 
     def _device(self) -> Any:
         return getattr(self.handler, "device", None)
@@ -543,11 +543,12 @@ class Harness:
         self.results.clear()
         self._import_dir = self._existing_model_dir()
         self._fresh_config()
-        if self.is_function:
-            func = self.function
-            result = self._stage("initialize", lambda _: func(None, self.context), None)
-        else:
-            result = self._stage("initialize", lambda _: self.handler.initialize(self.context), None)
+        with self._imports(max_age=0):  # a fresh look at the dir's files; the stage nests inside
+            if self.is_function:
+                func = self.function
+                result = self._stage("initialize", lambda _: func(None, self.context), None)
+            else:
+                result = self._stage("initialize", lambda _: self.handler.initialize(self.context), None)
             decisions = getattr(self.handler, "decisions", None)
             if decisions is not None and result.output is None:
                 result.output = decisions
@@ -689,7 +690,7 @@ class Harness:
         with self._spy_stages(calls):
             result = self._stage("handle", lambda d: entry(d, self.context), data, len(batch))
         result.problems = check_output(result.output, len(batch), stage="handle")
-        if self._overrides_handle and not calls:
+        if self._overrides_handle and not calls and self._has_stage_methods():
             result.problems.append(
                 f"{self.name}.handle() never called preprocess, inference or postprocess: edits to those "
                 "methods have no effect, here or under TorchServe; fix: call them from handle(), or drop the "
@@ -723,8 +724,13 @@ class Harness:
             for name in patched:
                 delattr(self.handler, name)
 
+    def _has_stage_methods(self) -> bool:
+        """Whether the handler has a preprocess, inference or postprocess a custom handle()
+        might be expected to run (a plain class with only handle() has none: nothing to flag)."""
+        return any(callable(getattr(self.handler, name, None)) for name in ("preprocess", "inference", "postprocess"))
+
     def _warn_single_stage_once(self) -> None:
-        if self._overrides_handle and not self._warned_single:
+        if self._overrides_handle and not self._warned_single and self._has_stage_methods():
             self._warned_single = True
             warnings.warn(
                 f"handlerkit: {self.name} overrides handle(), so TorchServe runs that method and not "
@@ -778,7 +784,7 @@ class Harness:
 
         self._import_dir = self._existing_model_dir()
         target = self.function if self.is_function else type(self.handler)
-        with self._imports():  # a model-dir module is in sys.modules only inside this block
+        with self._imports(max_age=0):  # a model-dir module is in sys.modules only inside this block
             module = sys.modules.get(target.__module__)
             path = getattr(module, "__file__", None)
             if module is None or not path or not os.path.isfile(path):

@@ -567,3 +567,56 @@ def test_run_makes_no_syscall_for_the_model_dir(harness, images, monkeypatch):
         run = harness.run(batch)
     assert calls == []
     assert run.output == harness.handle(batch)
+
+
+def test_initialize_sees_a_file_added_to_the_model_dir_at_once(tmp_path, monkeypatch):
+    # run() trusts the dir's listing for a second; initialize must not, or a file added just
+    # now whose name is also imported elsewhere would give the handler the wrong module.
+    import sys
+    import types
+
+    model_dir = tmp_path / "md"
+    model_dir.mkdir()
+    (model_dir / "handler.py").write_text(
+        textwrap.dedent(
+            """
+            class Handler:
+                def initialize(self, context):
+                    try:
+                        import extra
+                    except ImportError:
+                        extra = None
+                    self.who = getattr(extra, "WHO", None)
+                    self.initialized = True
+
+                def handle(self, data, context):
+                    return [self.who for _ in data]
+            """
+        )
+    )
+    h = hk.Harness("handler", hk.MockContext(model_dir=str(model_dir), gpu_id=None))
+    h.initialize()
+    assert h.run({"data": b"x"}).output == [None]
+    notebook_extra = types.ModuleType("extra")
+    notebook_extra.WHO = "the notebook's extra"
+    monkeypatch.setitem(sys.modules, "extra", notebook_extra)
+    (model_dir / "extra.py").write_text("WHO = 'the model dir extra'\n")
+    os.utime(model_dir, ns=(0, os.stat(model_dir).st_mtime_ns + 10**9))
+    h.initialize()
+    assert h.handler.who == "the model dir extra"
+    assert sys.modules["extra"] is notebook_extra
+
+
+def test_a_plain_handle_only_class_is_not_flagged(tmp_path):
+    class OnlyHandle:  # no BaseHandler, no stages: nothing is skipped
+        def initialize(self, context):
+            self.initialized = True
+
+        def handle(self, data, context):
+            return ["ok" for _ in data]
+
+    h = hk.Harness(OnlyHandle(), hk.MockContext(model_dir=str(tmp_path), gpu_id=None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HandlerkitWarning)
+        run = h.run({"data": b"x"})
+    assert run.output == ["ok"] and run.mode == "handle" and run.problems == []
