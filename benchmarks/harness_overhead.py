@@ -159,7 +159,7 @@ def main() -> int:
         cases.append(("resnet18 (random weights)", resnet18_model_dir(tmp.name), {"off": 0.01, "on": 0.05}))
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds, batch 1")
-    print("overhead = median over rounds of (harness - bare) / median bare; p25..p75 of the same differences")
+    print("overhead = median over rounds of (variant - bare) / median bare; p25..p75 of the same differences")
     print(f"{'model':26} {'variant':24} {'bare ms':>8} {'overhead':>9} {'us/run':>7} {'p25..p75 us':>13} {'target':>7}")
     failed = False
     for name, model_dir, targets in cases:
