@@ -177,6 +177,11 @@ def main() -> int:
                 f"{name:26} {label:24} {bare_ms:8.3f} {overhead:+9.2%} {median * 1000:7.0f} "
                 f"{f'{q25 * 1000:.0f}..{q75 * 1000:.0f}':>13} {shown:>7}{'' if ok else '  MISSED'}"
             )
+        # Per round: everything on, minus bare with a MemoryTracker per stage.
+        beyond = statistics.median(on - mem for on, mem in zip(extras["everything on"], extras["bare + memory per stage"]))
+        print(
+            f"{name:26} {'  everything on, beyond exact per-stage memory:':50} {beyond / bare_ms:+9.2%} {beyond * 1000:7.0f}"
+        )
     tmp.cleanup()
     return 1 if failed else 0
 

@@ -439,61 +439,82 @@ class Harness:
         return contextlib.nullcontext(self._capture) if self._capture is not None else _Capture(self)
 
     def _stage(self, stage: str, func: Callable[[Any], Any], stage_input: Any, request_count: int | None = None) -> StageResult:
-        """Run ``func(stage_input)`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors.
+        """Run ``func(stage_input)`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors."""
+        return self._stages(((stage, func),), stage_input, request_count)[-1]
 
-        This runs for every stage of every batch, so it is kept to a handful of operations
-        (the overhead benchmark measures it against a bare ``handle``).
+    def _stages(
+        self, steps: Sequence[tuple[str, Callable[[Any], Any]]], stage_input: Any, request_count: int | None
+    ) -> list[StageResult]:
+        """Run ``steps`` in a chain, each ``(stage, func)`` on the previous one's output; keep a
+        :class:`StageResult` for each in ``self.results``; raise a StageError at the first failure.
+
+        This runs for every batch, so it is kept to a handful of operations between the stages
+        (the overhead benchmark measures it against a bare ``handle``): each stage only notes
+        where its warnings, logs and metrics start and reads the clock; the results are built
+        after the last stage has run.
         """
         capture = self._capture
         if capture is None:
             with _Capture(self):
-                return self._stage(stage, func, stage_input, request_count)
+                return self._stages(steps, stage_input, request_count)
         metrics = self.context.metrics if self._metrics_marks else None
-        mark = metrics.mark() if metrics is not None else 0
-        first_warning, first_log = len(capture.warnings), len(capture.logs)
         device = getattr(self.handler, "device", None)
         # An accelerator needs a synchronising Timer; on CPU two clock reads do.
         if device is not self._timed_device:
             self._timed_device, self._timed_sync = device, device is not None and needs_sync(device)
-        timer = Timer(device) if self._timed_sync else None
-        memory = MemoryTracker(device=device).__enter__() if self.track_memory else None
-        error = output = None
-        if timer is None:
-            t0 = time.perf_counter_ns()
-            try:
-                output = func(stage_input)
-            except Exception as exc:  # every stage failure becomes a StageError
-                error = exc
-            wall_ms, device_ms = (time.perf_counter_ns() - t0) / 1e6, None
-        else:
-            timer.start()
-            try:
-                output = func(stage_input)
-            except Exception as exc:
-                error = exc
-            timer.stop(failed=error is not None)
-            wall_ms, device_ms = timer.wall_ms, timer.device_ms
-        if memory is not None:
-            memory.__exit__(None, None, None)
-        result = StageResult(
-            stage,
-            stage_input,
-            output,
-            wall_ms,
-            device_ms,
-            warnings=capture.warnings[first_warning:],
-            logs=capture.logs[first_log:],
-            metrics=metrics.since(mark) if metrics is not None else [],
-        )
-        if memory is not None:
-            result.cpu_peak_bytes = memory.cpu_peak_bytes
-            result.cpu_peak_delta_bytes = memory.cpu_peak_delta_bytes
-            result.cuda_peak_bytes = memory.cuda_peak_bytes
-        self.results[stage] = result
+        sync, track_memory = self._timed_sync, self.track_memory
+        warnings_seen, logs_seen = capture.warnings, capture.logs
+        marks = [(len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0)]
+        laps = []  # (stage, input, output, wall_ms, device_ms, memory tracker)
+        value, error = stage_input, None
+        for stage, func in steps:
+            memory = MemoryTracker(device=device).__enter__() if track_memory else None
+            output = device_ms = None
+            if not sync:
+                t0 = time.perf_counter_ns()
+                try:
+                    output = func(value)
+                except Exception as exc:  # every stage failure becomes a StageError
+                    error = exc
+                wall_ms = (time.perf_counter_ns() - t0) / 1e6
+            else:
+                timer = Timer(device).start()
+                try:
+                    output = func(value)
+                except Exception as exc:
+                    error = exc
+                wall_ms = timer.stop(failed=error is not None)
+                device_ms = timer.device_ms
+            if memory is not None:
+                memory.__exit__(None, None, None)
+            marks.append((len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0))
+            laps.append((stage, value, output, wall_ms, device_ms, memory))
+            if error is not None:
+                break
+            value = output
+        built = []
+        for (stage, value, output, wall_ms, device_ms, memory), (w0, l0, m0), (w1, l1, m1) in zip(laps, marks, marks[1:]):
+            result = StageResult(
+                stage,
+                value,
+                output,
+                wall_ms,
+                device_ms,
+                warnings=warnings_seen[w0:w1],
+                logs=logs_seen[l0:l1],
+                metrics=metrics.since(m0, m1) if metrics is not None else [],
+            )
+            if memory is not None:
+                result.cpu_peak_bytes = memory.cpu_peak_bytes
+                result.cpu_peak_delta_bytes = memory.cpu_peak_delta_bytes
+                result.cuda_peak_bytes = memory.cuda_peak_bytes
+            self.results[stage] = result
+            built.append(result)
         if error is not None:
-            result.error = self._stage_error(stage, error, request_count)
+            result = built[-1]
+            result.error = self._stage_error(result.stage, error, request_count)
             raise result.error from error
-        return result
+        return built
 
     def _stage_error(self, stage: str, exc: BaseException, request_count: int | None) -> StageError:
         from handlerkit.diagnostics.contract import suggest_fix
@@ -586,14 +607,15 @@ class Harness:
         if y is None:
             y = self._last_output("inference", "postprocess")
         self._invalidate_from("postprocess")
-        return self._postprocess_stage(y, self._count())
-
-    def _postprocess_stage(self, y: Any, count: int | None) -> StageResult:
+        count = self._count()
         result = self._stage("postprocess", self.handler.postprocess, y, count)
+        self._check_postprocess(result, count)
+        return result
+
+    def _check_postprocess(self, result: StageResult, count: int | None) -> None:
         result.problems = check_output(result.output, count, stage="postprocess")
         if result.problems:
             self._warn_problems(result)
-        return result
 
     def _count(self) -> int | None:
         return len(self.batch) if self.batch is not None else None
@@ -657,18 +679,17 @@ class Harness:
             if route == "describe":
                 result = self._stage("describe", lambda _: [handler.describe_handle()], batch.data, count)
                 stages, output, mode = {"describe": result}, result.output, "describe"
-            else:
+            elif route == "explain":
                 pre = self._stage("preprocess", handler.preprocess, batch.data, count)
-                if route == "explain":
-                    handler._is_explain()  # TorchServe's handle sets handler.explain here
-                    data = batch.data
-                    result = self._stage("explain", lambda x: handler.explain_handle(x, data), pre.output, count)
-                    stages, output, mode = {"preprocess": pre, "explain": result}, result.output, "explain"
-                else:
-                    # _bind cleared the later stages already; the public methods' checks are moot
-                    inf = self._stage("inference", handler.inference, pre.output, count)
-                    post = self._postprocess_stage(inf.output, count)
-                    stages, output, mode = {"preprocess": pre, "inference": inf, "postprocess": post}, post.output, "stages"
+                handler._is_explain()  # TorchServe's handle sets handler.explain here
+                data = batch.data
+                result = self._stage("explain", lambda x: handler.explain_handle(x, data), pre.output, count)
+                stages, output, mode = {"preprocess": pre, "explain": result}, result.output, "explain"
+            else:  # _bind cleared the later stages already; the public methods' checks are moot
+                steps = (("preprocess", handler.preprocess), ("inference", handler.inference), ("postprocess", handler.postprocess))
+                pre, inf, post = self._stages(steps, batch.data, count)
+                self._check_postprocess(post, count)
+                stages, output, mode = {"preprocess": pre, "inference": inf, "postprocess": post}, post.output, "stages"
             metrics = getattr(self.context, "metrics", None)
             if metrics is not None:  # what BaseHandler.handle records around the stages
                 metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")

@@ -378,9 +378,11 @@ class RecordingMetrics:
         """A position in the record stream; pass it to :meth:`since`."""
         return self._dropped + len(self.records)
 
-    def since(self, mark: int) -> list[MetricRecord]:
-        """The records added after :meth:`mark` returned ``mark`` (still held: not cleared)."""
-        return self.records[max(0, mark - self._dropped) :]
+    def since(self, mark: int, until: int | None = None) -> list[MetricRecord]:
+        """The records added after :meth:`mark` returned ``mark`` (still held: not cleared), and
+        before it returned ``until`` when given."""
+        start = max(0, mark - self._dropped)
+        return self.records[start:] if until is None else self.records[start : max(0, until - self._dropped)]
 
     def clear(self) -> None:
         """Forget the records (declared metrics stay); earlier marks stay valid."""

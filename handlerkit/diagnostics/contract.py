@@ -73,6 +73,8 @@ def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> 
             )
         )
     for index, item in enumerate(output):
+        if type(item) is dict and _json_trouble(item) is None:
+            continue  # the usual item (a label → score dict) needs no more questions
         problems.extend(_check_item(item, index, stage))
     return problems
 
