@@ -663,11 +663,15 @@ def test_windowing_with_mark_and_since(metrics):
     assert [r.name for r in metrics.since(start)] == ["during", "during_t"]
     end = metrics.mark()
     assert metrics.since(end) == []
+    metrics.add_counter("later", 1)
+    assert [r.name for r in metrics.since(start, end)] == ["during", "during_t"]  # a window
+    assert [r.name for r in metrics.since(end)] == ["later"]
     metrics.clear()
     assert len(metrics) == 0 and metrics.since(start) == []
     metrics.add_counter("after", 1)
     assert [r.name for r in metrics.since(end)] == ["after"]
     assert [r.name for r in metrics.since(0)] == ["after"]
+    assert metrics.since(start, end) == []  # a window of cleared records is empty
     assert metrics.get_metric("before") is not None  # declared metrics survive clear()
 
 

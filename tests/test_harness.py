@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import json
+import logging
 import math
 import textwrap
 import warnings
@@ -620,3 +621,36 @@ def test_a_plain_handle_only_class_is_not_flagged(tmp_path):
         warnings.simplefilter("error", HandlerkitWarning)
         run = h.run({"data": b"x"})
     assert run.output == ["ok"] and run.mode == "handle" and run.problems == []
+
+
+def test_a_run_failing_midway_keeps_the_stages_before_and_attributes_records(model_dir, images):
+    class Flaky(ImageClassifier):
+        fail = True
+
+        def preprocess(self, data):
+            warnings.warn("from preprocess")
+            self.context.metrics.add_counter("PreCount", 1)
+            return super().preprocess(data)
+
+        def inference(self, data, *args, **kwargs):
+            logging.getLogger("flaky").warning("from inference")
+            if self.fail:
+                raise RuntimeError("inference broke")
+            return super().inference(data, *args, **kwargs)
+
+    h = hk.Harness(Flaky(), context_for(model_dir))
+    batch = hk.batch(*images[:2])
+    with pytest.warns(UserWarning, match="from preprocess"), pytest.raises(StageError, match="inference broke") as info:
+        h.run(batch)
+    assert info.value.stage == "inference"
+    assert set(h.results) == {"initialize", "preprocess", "inference"}
+    pre, inf = h.results["preprocess"], h.results["inference"]
+    assert pre.ok and not inf.ok and inf.output is None and inf.input is pre.output
+    assert [str(w.message) for w in pre.warnings] == ["from preprocess"] and inf.warnings == []
+    assert [m.name for m in pre.metrics] == ["PreCount"] and inf.metrics == []
+    assert [e.message for e in inf.logs] == ["from inference"] and pre.logs == []
+    h.handler.fail = False  # fix the code, run again: the harness is still usable
+    with pytest.warns(UserWarning, match="from preprocess"):
+        run = h.run(batch)
+        assert run.output == h.handle(batch)
+    assert set(h.results) == {"initialize", "preprocess", "inference", "postprocess"}
