@@ -667,7 +667,7 @@ class Harness:
             self.initialize()
         batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
         start = time.time()
-        if self.function is not None or self._overrides_handle:  # self.single_stage
+        if self.function is not None or self._overrides_handle:  # self.single_stage, inlined
             self._warn_single_stage_once()
             result = self.handle_stage(batch)
             stages = {"handle": result}
@@ -680,9 +680,9 @@ class Harness:
                 result = self._stage("describe", lambda _: [handler.describe_handle()], batch.data, count)
                 stages, output, mode = {"describe": result}, result.output, "describe"
             elif route == "explain":
-                pre = self._stage("preprocess", handler.preprocess, batch.data, count)
+                data = batch.data  # one list for both, as in TorchServe's handle
+                pre = self._stage("preprocess", handler.preprocess, data, count)
                 handler._is_explain()  # TorchServe's handle sets handler.explain here
-                data = batch.data
                 result = self._stage("explain", lambda x: handler.explain_handle(x, data), pre.output, count)
                 stages, output, mode = {"preprocess": pre, "explain": result}, result.output, "explain"
             else:  # _bind cleared the later stages already; the public methods' checks are moot
