@@ -132,6 +132,18 @@ def tail(path: Path, lines: int = 40, max_chars: int = 6000, skip: Sequence[str]
     return "\n".join(kept[-lines:])[-max_chars:]
 
 
+def log_contains(path: Path, text: str, timeout: float = 15) -> bool:
+    """Whether ``text`` appears in the log file within ``timeout`` seconds. The frontend writes
+    a worker's output to its log asynchronously, so a line can land after the response."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if path.is_file() and text in path.read_text("utf-8", errors="replace"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
 # ------------------------------------------------------------------------------------ archives
 def archive(
     *,

@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 
-from _ts_server import Response, ServerError, TorchServe, archive, missing_requirements, multipart, tail
+from _ts_server import Response, ServerError, TorchServe, archive, log_contains, missing_requirements, multipart, tail
 
 _missing = missing_requirements()
 pytestmark = [
@@ -391,7 +391,7 @@ def test_tensor_from_postprocess_is_503_on_the_server_and_an_output_type_problem
     resp = server.predict("tensor_output", image.read_bytes(), {"Content-Type": "image/png"})
     assert resp.status == 503, _why(server, resp)
     assert resp.json() == {**SERVER_ERROR_BODY, "message": "Invalid model predict output"}
-    assert "Invalid return type" in tail(server.logs / "model_log.log", 200)
+    assert log_contains(server.logs / "model_log.log", "Invalid return type"), tail(server.logs / "model_log.log", 200)
 
     with pytest.warns(hk.HandlerkitWarning, match="Invalid model predict output"):
         run = harnesses["tensor_output"].run(hk.batch(hk.Request.from_file(image), decode=True))
