@@ -412,18 +412,6 @@ class Harness:
         a second, so a loop of runs makes no syscall for it; initialize and reload look afresh."""
         return model_dir_imports(self._import_dir, max_age=max_age)
 
-    def _device(self) -> Any:
-        return getattr(self.handler, "device", None)
-
-    def _drop_after_initialize(self) -> None:
-        """``_invalidate_from("preprocess")``, in fewer steps: run() does it for every batch."""
-        results = self.results
-        if len(results) > 1 or "initialize" not in results:
-            initialized = results.get("initialize")
-            results.clear()
-            if initialized is not None:
-                results["initialize"] = initialized
-
     def _invalidate_from(self, stage: str) -> None:
         """Drop the results of ``stage`` and every later one (``handle``, ``explain`` and
         ``describe`` count as later); ``initialize`` is only replaced by initialize itself."""
@@ -588,7 +576,7 @@ class Harness:
     def _bind(self, batch: Any) -> None:
         """Make ``batch`` the current one, as TorchServe's worker does before ``handle``."""
         self.batch = batch
-        self._drop_after_initialize()
+        self._invalidate_from("preprocess")
         batch.bind(self.context)
         if self.handler is not None:
             self.handler.context = self.context  # BaseHandler.handle sets it before preprocess
@@ -703,7 +691,7 @@ class Harness:
         """``handle(data, context)`` as one stage (timed, captured, contract-checked)."""
         batch = self._coerce(batch_or_data)
         self.batch = batch
-        self._drop_after_initialize()
+        self._invalidate_from("preprocess")
         batch.bind(self.context)
         entry = self.function if self.is_function else self.handler.handle
         data = batch.data
