@@ -26,7 +26,7 @@ def demo_paths() -> tuple[str, list[str]]:
 
 
 def _stage_table(harness: object, run: object) -> str:
-    from handlerkit._table import render_text
+    from handlerkit._text import render_text
     from handlerkit.harness import describe
 
     rows = [[name, round(result.wall_ms, 2), describe(result.output)] for name, result in run.stages.items()]  # type: ignore[attr-defined]
@@ -34,7 +34,7 @@ def _stage_table(harness: object, run: object) -> str:
 
 
 def _predictions(paths: Sequence[str], output: Sequence[object]) -> str:
-    from handlerkit._table import render_text
+    from handlerkit._text import render_text
 
     rows = []
     for path, item in zip(paths, output):

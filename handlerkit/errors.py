@@ -1,11 +1,22 @@
-"""The exceptions handlerkit raises.
+"""The exceptions handlerkit raises, each carrying its fix as data.
 
-Every error a user can meet is a :class:`HandlerkitError`; its message says what was
-expected, what came, and how to fix it. Bad arguments to a function are plain
-``TypeError``/``ValueError``.
+Every error a user can meet is a :class:`HandlerkitError`: ``message`` says what was expected
+and what came, ``fix`` (when known) says what to do about it. ``str(error)`` shows both, the
+fix on its own line after ``fix:``; code reads ``error.fix`` and never parses the text. Bad
+arguments to a function are plain ``TypeError``/``ValueError``.
+
+Nothing here imports TorchServe. :class:`PredictionException` still keeps its HTTP code under
+TorchServe's worker, which catches only its own class: whenever ``ts.utils.util`` is (or gets)
+imported in the process, handlerkit's class is re-based onto TorchServe's.
 """
 
 from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
+from typing import Any
 
 __all__ = [
     "HandlerkitError",
@@ -20,11 +31,32 @@ __all__ = [
 
 
 class HandlerkitError(Exception):
-    """Base class of every error handlerkit raises on purpose."""
+    """Base class of every error handlerkit raises on purpose.
+
+    Args:
+        message: what was expected and what came.
+        fix: what to do about it, when handlerkit knows.
+    """
+
+    def __init__(self, message: str, *, fix: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
 
 
 class ConfigError(HandlerkitError):
-    """A model-config.yaml that cannot be read or does not validate."""
+    """A model-config.yaml (or metrics config) that cannot be read or does not validate.
+
+    Attributes:
+        problems: one line per problem found (several are reported together).
+    """
+
+    def __init__(self, message: str, *, fix: str | None = None, problems: list[str] | None = None):
+        super().__init__(message, fix=fix)
+        self.problems = list(problems) if problems is not None else [message]
 
 
 class HandlerLoadError(HandlerkitError, ImportError):
@@ -38,8 +70,8 @@ class ModelLoadError(HandlerkitError):
         path: the file at fault, when there is one.
     """
 
-    def __init__(self, message: str, path: str | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, path: str | None = None, *, fix: str | None = None):
+        super().__init__(message, fix=fix)
         self.path = path
 
 
@@ -47,10 +79,13 @@ class StageError(HandlerkitError):
     """An exception raised inside a handler stage, with where it happened.
 
     Attributes:
-        stage: ``"initialize"``, ``"preprocess"``, ``"inference"``, ``"postprocess"`` or ``"handle"``.
-        handler: the handler's class name.
+        stage: ``"initialize"``, ``"preprocess"``, ``"inference"``, ``"postprocess"``,
+            ``"handle"``, ``"explain"``, ``"describe"`` or ``"reload"``.
+        handler: the handler's class (or function) name.
         request_index: the index in the batch of the request at fault, when known.
         original: the exception the handler raised (also chained as ``__cause__``).
+        location: ``(file, line, source text)`` of the innermost frame in the user's code
+            (the handler's file, usually) where it was raised, when there is one.
     """
 
     def __init__(
@@ -61,30 +96,29 @@ class StageError(HandlerkitError):
         handler: str = "",
         request_index: int | None = None,
         original: BaseException | None = None,
+        fix: str | None = None,
+        location: tuple[str, int, str] | None = None,
     ):
-        super().__init__(message)
+        super().__init__(message, fix=fix)
         self.stage = stage
         self.handler = handler
         self.request_index = request_index
         self.original = original
+        self.location = location
 
 
-def _prediction_exception_base() -> type:
-    # TorchServe's worker catches its own class only (``except PredictionException``), so when
-    # torchserve is installed ours derives from it and keeps its code under the real server.
-    try:
-        from ts.utils.util import PredictionException as TorchServePredictionException
-    except ImportError:
-        return Exception
-    return TorchServePredictionException
+class _PredictionBase(Exception):
+    """The base of :class:`PredictionException` until TorchServe's class replaces it (a Python
+    class, so the two have the same instance layout and ``__bases__`` can be swapped)."""
 
 
-class PredictionException(_prediction_exception_base()):  # type: ignore[misc]
+class PredictionException(_PredictionBase):
     """Fail the whole batch with an HTTP code, as ``ts.utils.util.PredictionException`` does.
 
     TorchServe's worker answers every request of the batch with ``error_code`` and
-    ``message``. Where torchserve is installed this class is a subclass of TorchServe's, so
-    a handler written against handlerkit keeps its error code under the real server.
+    ``message``. When TorchServe's module is loaded in the process (as under its worker),
+    this class is a subclass of TorchServe's, so a handler written against handlerkit keeps
+    its error code under the real server.
     """
 
     def __init__(self, message: str, error_code: int = 500):
@@ -109,9 +143,63 @@ class RequestError(PredictionException, HandlerkitError, ValueError):
     "503 Prediction failed" — for every request of the server batch, as any exception does.
     """
 
-    def __init__(self, message: str, request_index: int | None = None, error_code: int = 400):
-        super().__init__(message, error_code)
+    def __init__(
+        self, message: str, request_index: int | None = None, error_code: int = 400, *, fix: str | None = None
+    ):
+        PredictionException.__init__(self, message, error_code)
+        self.fix = fix
         self.request_index = request_index
 
     def __str__(self) -> str:
-        return self.message
+        return HandlerkitError.__str__(self)
+
+
+# ------------------------------------------------------------------ TorchServe's base class
+_TS_UTIL = "ts.utils.util"
+
+
+def _adopt_torchserve_base(module: ModuleType) -> None:
+    """Make :class:`PredictionException` a subclass of TorchServe's, which its worker catches."""
+    base = getattr(module, "PredictionException", None)
+    if isinstance(base, type) and issubclass(base, Exception) and not issubclass(PredictionException, base):
+        PredictionException.__bases__ = (base,)
+
+
+class _AdoptingLoader(importlib.abc.Loader):
+    """Runs TorchServe's own loader for ``ts.utils.util``, then re-bases PredictionException."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        _adopt_torchserve_base(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename ... for tracebacks
+        return getattr(self._inner, name)
+
+
+class _WatchTorchServe(importlib.abc.MetaPathFinder):
+    """Notices the import of ``ts.utils.util``; imports nothing itself."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TS_UTIL:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _AdoptingLoader(spec.loader)
+                return spec
+        return None
+
+
+if _TS_UTIL in sys.modules:
+    _adopt_torchserve_base(sys.modules[_TS_UTIL])
+elif not any(isinstance(f, _WatchTorchServe) for f in sys.meta_path):
+    sys.meta_path.insert(0, _WatchTorchServe())

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from handlerkit._stack import user_stacklevel
-from handlerkit._table import render_html, render_text
+from handlerkit._text import render_html, render_text
 from handlerkit.diagnostics.contract import check_output
 from handlerkit.diagnostics.memory import MemoryTracker, format_bytes
 from handlerkit.diagnostics.timing import Timer, needs_sync

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlerkit._table import render_html, render_text
+from handlerkit._text import render_html, render_text
 
 __all__ = ["Problem", "CheckReport", "check_output", "suggest_fix", "run_checks", "same_output"]
 

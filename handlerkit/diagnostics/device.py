@@ -177,12 +177,12 @@ class DeviceReport:
         return rows
 
     def __repr__(self) -> str:
-        from handlerkit._table import render_text
+        from handlerkit._text import render_text
 
         return render_text(["", ""], self.rows(), title="device report")
 
     def _repr_html_(self) -> str:
-        from handlerkit._table import render_html
+        from handlerkit._text import render_html
 
         return render_html(["", ""], self.rows(), title="device report")
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any
 
-from handlerkit._table import render_html, render_text
+from handlerkit._text import render_html, render_text
 from handlerkit.diagnostics import device as _device
 
 __all__ = [

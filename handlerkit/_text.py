@@ -1,9 +1,9 @@
-"""Plain-text and HTML tables, shared by every report that renders itself."""
+"""Text helpers every module shares: tables (plain and HTML), byte sizes, "did you mean"."""
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -49,3 +49,45 @@ def render_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
     thead = f"<thead><tr>{head}</tr></thead>" if head else ""
     return f"<table class='handlerkit'>{caption}{thead}<tbody>{body}</tbody></table>"
+
+
+def format_bytes(n: float | None) -> str:
+    """``n`` bytes in binary units: ``format_bytes(12_900_000)`` → ``"12.3 MiB"``; None → ``"n/a"``."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    if value < 1024:
+        return f"{sign}{int(value)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{sign}{value:.1f} {unit}"
+
+
+def _squash(word: str) -> str:
+    return word.lower().replace("_", "").replace("-", "")
+
+
+def did_you_mean(word: str, candidates: Iterable[str], *, cutoff: float = 0.75, prefix: bool = False) -> str | None:
+    """The candidate ``word`` was most likely meant to be, or None.
+
+    Case, ``_`` and ``-`` are ignored first (``batch_size`` → ``batchSize``); with ``prefix``, a
+    unique candidate that starts with ``word`` wins (``aot`` → ``aot_compile``); otherwise the
+    closest spelling above ``cutoff`` (difflib's ratio).
+    """
+    import difflib
+
+    choices = sorted(set(candidates))
+    norm = _squash(word)
+    for candidate in choices:
+        if _squash(candidate) == norm:
+            return candidate
+    if prefix and len(norm) >= 3:
+        prefixed = [c for c in choices if _squash(c).startswith(norm)]
+        if len(prefixed) == 1:
+            return prefixed[0]
+    lowered = {c.lower(): c for c in choices}
+    match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=cutoff)
+    return lowered[match[0]] if match else None
