@@ -35,7 +35,7 @@ import torch
 
 import handlerkit as hk
 from handlerkit.cli import demo_paths
-from handlerkit.diagnostics.memory import MemoryTracker
+from handlerkit.memory import MemoryTracker
 
 
 def resnet18_model_dir(root: str) -> str:

@@ -23,8 +23,8 @@ _EXPORTS = {
     "BaseHandler": "handlerkit.handlers.base",
     "handlers": "handlerkit.handlers",
     "Harness": "handlerkit.harness",
-    "StageResult": "handlerkit.harness",
-    "Run": "handlerkit.harness",
+    "StageResult": "handlerkit.results",
+    "Run": "handlerkit.results",
     "ModelConfig": "handlerkit.config",
     "load_config": "handlerkit.config",
     "resolve_handler": "handlerkit.loading",
@@ -54,7 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
         StageError,
     )
     from handlerkit.handlers.base import BaseHandler
-    from handlerkit.harness import Harness, Run, StageResult
+    from handlerkit.harness import Harness
+    from handlerkit.results import Run, StageResult
     from handlerkit.loading import resolve_handler
     from handlerkit.requests import Batch, Request, batch
 

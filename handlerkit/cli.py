@@ -3,6 +3,9 @@
 ``handlerkit demo`` runs the built-in image classifier on the bundled shapes model, stage by
 stage, and prints what each stage took and gave. ``handlerkit run MODEL_DIR FILE...`` does the
 same for any model dir. Heavy imports happen inside the commands so ``--help`` stays fast.
+
+Exit codes: 0 success, 1 a contract problem or a handler error, 2 a usage or input error
+(one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -12,8 +15,16 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
 __all__ = ["main"]
+
+_DEMO_HELP = (
+    "Run handlerkit's built-in image_classifier on the bundled 'shapes' model (a small CNN that "
+    "knows circle, square, triangle, star, cross...) with three bundled images, stage by stage: "
+    "what each stage took and gave, then the top predictions. grace_hopper.jpg is a real photo "
+    "outside what the shapes model knows, so its prediction is a guess among shapes."
+)
 
 
 def demo_paths() -> tuple[str, list[str]]:
@@ -25,12 +36,8 @@ def demo_paths() -> tuple[str, list[str]]:
     return model_dir, images
 
 
-def _stage_table(harness: object, run: object) -> str:
-    from handlerkit._text import render_text
-    from handlerkit.harness import describe
-
-    rows = [[name, round(result.wall_ms, 2), describe(result.output)] for name, result in run.stages.items()]  # type: ignore[attr-defined]
-    return render_text(["stage", "wall ms", "output"], rows)
+class _InputError(Exception):
+    """A usage or input problem: one line on stderr, exit code 2."""
 
 
 def _predictions(paths: Sequence[str], output: Sequence[object]) -> str:
@@ -47,18 +54,26 @@ def _predictions(paths: Sequence[str], output: Sequence[object]) -> str:
     return render_text(["request", "top predictions"], rows)
 
 
-def run_model(model_dir: str, files: Sequence[str], handler: str | None, out: object = None) -> int:
-    import handlerkit as hk
+def run_model(model_dir: str, files: Sequence[str], handler: str | None, out: Any = None) -> int:
+    """Run ``handler`` (default: the manifest's) of ``model_dir`` on ``files``, one request each."""
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise _InputError(f"no such file: {', '.join(missing)}")
+    if not os.path.isdir(model_dir):
+        raise _InputError(f"no such model dir: {model_dir}")
+    from handlerkit.context import MockContext
+    from handlerkit.harness import Harness
+    from handlerkit.requests import Request, batch
 
     stream = out or sys.stdout
-    ctx = hk.MockContext.from_model_dir(model_dir)
+    ctx = MockContext.from_model_dir(model_dir)
     spec = handler or (ctx.manifest.get("model", {}).get("handler") or "image_classifier")
-    harness = hk.Harness(spec, ctx)
-    batch = hk.batch(*(hk.Request.from_file(f) for f in files))
-    run = harness.run(batch)
-    print(f"handler {harness.name} on {harness.handler.device if harness.handler is not None else 'n/a'}, "
-          f"model {os.path.basename(os.path.normpath(model_dir))}, batch of {len(batch)}", file=stream)
-    print(_stage_table(harness, run), file=stream)
+    harness = Harness(spec, ctx)
+    requests = batch(*(Request.from_file(f) for f in files))
+    run = harness.run(requests)
+    device = harness.handler.device if harness.handler is not None else "n/a"
+    print(f"handler {harness.name} on {device}, model {os.path.basename(os.path.normpath(model_dir))}", file=stream)
+    print(run, file=stream)
     print(file=stream)
     print(_predictions(files, run.output), file=stream)
     return 0 if not run.problems else 1
@@ -66,7 +81,12 @@ def run_model(model_dir: str, files: Sequence[str], handler: str | None, out: ob
 
 def _demo(args: argparse.Namespace) -> int:
     model_dir, images = demo_paths()
-    return run_model(model_dir, images, "image_classifier")
+    code = run_model(model_dir, images, "image_classifier")
+    print(
+        "\nnote: the shapes model knows only drawn shapes; grace_hopper.jpg is a photo outside "
+        "what it knows, so its top class is a guess."
+    )
+    return code
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -79,9 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=f"handlerkit {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="run the built-in image classifier on the bundled shapes model")
+    demo = commands.add_parser(
+        "demo", help="run the built-in image classifier on the bundled shapes model", description=_DEMO_HELP
+    )
     demo.set_defaults(func=_demo)
-    run = commands.add_parser("run", help="run a model dir's handler on files, stage by stage")
+    run = commands.add_parser(
+        "run",
+        help="run a model dir's handler on files, stage by stage",
+        description="Run the handler of MODEL_DIR (an unpacked .mar) on FILES, one request per file, "
+        "through TorchServe's handle(); print each stage and the predictions.",
+    )
     run.add_argument("model_dir", help="an unpacked .mar: model files, MAR-INF/MANIFEST.json, model-config.yaml")
     run.add_argument("files", nargs="+", help="request bodies, one request per file")
     run.add_argument("--handler", help="handler spec (default: the manifest's handler)")
@@ -94,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
+    except _InputError as exc:
+        print(f"handlerkit: error: {exc}", file=sys.stderr)
+        return 2
     except HandlerkitError as exc:
         print(f"handlerkit: error: {exc}", file=sys.stderr)
         return 1

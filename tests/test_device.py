@@ -1,7 +1,7 @@
 """Device choice with faked accelerators: handlerkit's seams, and TorchServe's own rule side by side.
 
 No GPU is needed. ``choose_device`` is tested through the availability seams of
-``handlerkit.diagnostics.device``. To compare with TorchServe, accelerators are faked at the
+``handlerkit.devices``. To compare with TorchServe, accelerators are faked at the
 torch level (``torch.cuda.is_available`` ...) for both handlers, on TorchServe's argmax model,
 which has no parameters: loading it "onto" a device that is not there moves no tensor, so both
 ``initialize`` calls run to the end and their decisions can be compared.
@@ -16,8 +16,8 @@ import torch
 from conftest import ts_imports
 
 import handlerkit as hk
-from handlerkit.diagnostics import device as device_mod
-from handlerkit.diagnostics.device import choose_device
+from handlerkit import devices as device_mod
+from handlerkit.devices import choose_device
 from handlerkit.handlers.base import BaseHandler
 
 KINDS = ("cuda", "xpu", "mps", "xla")

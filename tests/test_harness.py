@@ -522,7 +522,7 @@ def test_reload_runs_the_new_source_even_within_the_same_second(model_dir, image
     ],
 )
 def test_output_items_are_judged_as_json_dumps_would(item, check):
-    from handlerkit.diagnostics.contract import check_output
+    from handlerkit.contract import check_output
 
     problems = check_output([item], 1)
     assert [p.check for p in problems] == ([check] if check else [])
@@ -531,7 +531,7 @@ def test_output_items_are_judged_as_json_dumps_would(item, check):
 def test_device_report_gpu_facts_with_faked_cuda(harness, images, monkeypatch):
     from types import SimpleNamespace
 
-    import handlerkit.diagnostics.device as device_mod
+    import handlerkit.devices as device_mod
 
     harness.run(hk.batch(images[0]))
     monkeypatch.setattr(device_mod, "cuda_available", lambda: True)

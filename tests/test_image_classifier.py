@@ -13,7 +13,7 @@ from conftest import LABELS, bomb_png, cnn_dir, png_bytes
 from PIL import Image
 
 import handlerkit as hk
-from handlerkit.diagnostics.memory import MemoryTracker
+from handlerkit.memory import MemoryTracker
 from handlerkit.errors import ConfigError, ModelLoadError, RequestError
 from handlerkit.handlers.image_classifier import ImageClassifier
 from handlerkit.handlers.vision import VisionHandler, decode_image

@@ -1,4 +1,4 @@
-"""Tests for handlerkit.diagnostics.memory: real peaks on this machine, fallbacks, faked CUDA."""
+"""Tests for handlerkit.memory: real peaks on this machine, fallbacks, faked CUDA."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from handlerkit.diagnostics import device as device_mod
-from handlerkit.diagnostics import memory
-from handlerkit.diagnostics.memory import MemoryTracker, cpu_method, format_bytes, rss_bytes
+from handlerkit import devices as device_mod
+from handlerkit import memory
+from handlerkit.memory import MemoryTracker, cpu_method, format_bytes, rss_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -260,7 +260,7 @@ def test_proc_descriptors_are_reopened_after_fork():
     # not the ones behind descriptors inherited from its parent.
     import os
 
-    from handlerkit.diagnostics import memory as mem
+    from handlerkit import memory as mem
 
     if mem.cpu_method() != "vmhwm":
         pytest.skip("VmHWM method not available here")

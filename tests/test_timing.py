@@ -1,4 +1,4 @@
-"""Tests for handlerkit.diagnostics.timing: Timer (CPU and faked accelerators), stats, reports."""
+"""Tests for handlerkit.diagnostics.timing: statistics, repeated passes, reports."""
 
 from __future__ import annotations
 
@@ -8,166 +8,15 @@ import time
 import numpy as np
 import pytest
 
-from handlerkit.diagnostics import device as device_mod
-from handlerkit.diagnostics import timing
 from handlerkit.diagnostics.timing import (
     END_TO_END,
     SweepReport,
-    Timer,
     TimingReport,
     TimingStats,
     batch_sizes,
-    device_kind,
     summarize,
     time_callable_stages,
 )
-
-# --- Timer on CPU ------------------------------------------------------------------------
-
-
-def test_timer_measures_a_sleep_on_cpu() -> None:
-    with Timer() as t:
-        time.sleep(0.02)
-    assert t.wall_ms is not None and t.wall_ms >= 20.0
-    assert t.device_ms is None
-    assert t.synchronized is False
-    assert t.kind == "cpu"
-
-
-def test_timer_orders_a_short_and_a_long_block() -> None:
-    with Timer() as short:
-        pass
-    with Timer() as long:
-        time.sleep(0.01)
-    assert short.wall_ms is not None and long.wall_ms is not None
-    assert short.wall_ms < long.wall_ms
-
-
-def test_timer_start_stop_and_reuse() -> None:
-    t = Timer("cpu")
-    t.start()
-    time.sleep(0.005)
-    first = t.stop()
-    assert first >= 5.0 and t.wall_ms == first
-    with t:
-        pass
-    assert t.wall_ms is not None and t.wall_ms < first
-
-
-def test_timer_records_time_and_propagates_an_exception() -> None:
-    t = Timer()
-    with pytest.raises(KeyError):
-        with t:
-            time.sleep(0.005)
-            raise KeyError("boom")
-    assert t.wall_ms is not None and t.wall_ms >= 5.0
-
-
-@pytest.mark.parametrize(
-    ("device", "kind"),
-    [(None, "cpu"), ("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda"), ("MPS", "mps"), ("xpu:0", "xpu")],
-)
-def test_device_kind_from_strings(device: object, kind: str) -> None:
-    assert device_kind(device) == kind
-
-
-def test_device_kind_from_torch_device() -> None:
-    torch = pytest.importorskip("torch")
-    assert device_kind(torch.device("cuda", 0)) == "cuda"
-    assert device_kind(torch.device("cpu")) == "cpu"
-
-
-# --- Timer with a faked accelerator ---------------------------------------------------------
-
-
-class _FakeEvent:
-    """Stands in for torch.cuda.Event: records into a shared log."""
-
-    log: list[str] = []
-
-    def __init__(self, enable_timing: bool = False) -> None:
-        assert enable_timing, "Timer must ask for timing events"
-        self.recorded = False
-
-    def record(self, stream: object = None) -> None:
-        self.recorded = True
-        _FakeEvent.log.append("record")
-
-    def elapsed_time(self, end: _FakeEvent) -> float:
-        assert self.recorded and end.recorded
-        return 7.5
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A CUDA machine: available, with synchronize and Event faked through torch.cuda."""
-    torch = pytest.importorskip("torch")
-    log: list[str] = []
-    _FakeEvent.log = log
-    monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(f"sync:{device}"))
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    return log
-
-
-def test_timer_synchronizes_cuda_before_and_after(fake_cuda: list[str]) -> None:
-    with Timer("cuda:0") as t:
-        fake_cuda.append("body")
-    assert fake_cuda == ["sync:cuda:0", "record", "body", "record", "sync:cuda:0"]
-    assert t.synchronized is True
-    assert t.device_ms == 7.5
-    assert t.wall_ms is not None and t.wall_ms >= 0
-
-
-def test_timer_skips_closing_sync_when_the_block_raises(fake_cuda: list[str]) -> None:
-    t = Timer("cuda")
-    with pytest.raises(RuntimeError, match="kernel failed"):
-        with t:
-            fake_cuda.append("body")
-            raise RuntimeError("kernel failed")
-    assert fake_cuda == ["sync:cuda", "record", "body"]
-    assert t.synchronized is False and t.device_ms is None and t.wall_ms is not None
-
-
-def test_timer_uses_the_sync_seam(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, object]] = []
-    monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
-    monkeypatch.setattr(timing, "synchronize", lambda kind, device=None: calls.append((kind, device)))
-    monkeypatch.setattr(timing, "_timing_events", lambda kind: None)  # a backend without events
-    with Timer("cuda:1") as t:
-        time.sleep(0.005)
-    assert calls == [("cuda", "cuda:1"), ("cuda", "cuda:1")]
-    # Without events the device time is the synchronised wall time.
-    assert t.synchronized and t.device_ms == t.wall_ms and t.wall_ms is not None and t.wall_ms >= 5.0
-
-
-def test_timer_does_not_sync_an_unavailable_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_sync(kind: str, device: object = None) -> None:
-        raise AssertionError("synchronize must not be called without CUDA")
-
-    monkeypatch.setattr(device_mod, "cuda_available", lambda: False)
-    monkeypatch.setattr(timing, "synchronize", no_sync)
-    with Timer("cuda") as t:
-        pass
-    assert t.synchronized is False and t.device_ms is None
-
-
-@pytest.mark.parametrize(("kind", "seam"), [("xpu", "xpu_available"), ("mps", "mps_available")])
-def test_timer_synchronizes_xpu_and_mps(monkeypatch: pytest.MonkeyPatch, kind: str, seam: str) -> None:
-    torch = pytest.importorskip("torch")
-    log: list[str] = []
-    monkeypatch.setattr(device_mod, seam, lambda: True)
-    module = getattr(torch, kind)
-    if kind == "mps":
-        monkeypatch.setattr(module, "synchronize", lambda: log.append("sync"))
-    else:
-        monkeypatch.setattr(module, "synchronize", lambda device=None: log.append("sync"))
-    _FakeEvent.log = log
-    monkeypatch.setattr(module, "Event", _FakeEvent)
-    with Timer(kind) as t:
-        log.append("body")
-    assert log == ["sync", "record", "body", "record", "sync"]
-    assert t.synchronized and t.device_ms == 7.5
 
 
 # --- statistics ----------------------------------------------------------------------------
@@ -268,15 +117,17 @@ def test_timing_report_without_end_to_end_shares_the_stage_sum() -> None:
 def test_timing_report_renders_text_and_html() -> None:
     r = _report()
     text = str(r)
-    assert repr(r) == text
+    summary = "timing: batch_size=2, warmup=1, repeat=2, device=cpu; throughput 200.0 requests/s"
+    assert repr(r) == f"<TimingReport {summary}>"
     lines = text.splitlines()
-    assert lines[0] == "timing: batch_size=2, warmup=1, repeat=2, device=cpu"
-    assert lines[1].split() == ["stage", "n", "min", "ms", "median", "ms", "p90", "ms", "mean", "ms", "share", "%"]
+    assert lines[0] == summary and lines[1] == ""
+    assert lines[2].split() == ["stage", "n", "min", "ms", "median", "ms", "p90", "ms", "mean", "ms", "share", "%"]
     assert any(line.startswith("inference") and line.rstrip().endswith("60.000") for line in lines)
-    assert "throughput: 200.0 requests/s" in text
-    assert "note: a <b> note" in text
-    html = r._repr_html_()
-    assert html.startswith("<table") and "<td>inference</td>" in html
+    assert text.endswith("note: a <b> note")
+    bundle = r._repr_mimebundle_()
+    assert bundle["text/plain"] == text
+    html = bundle["text/html"]
+    assert html.startswith("<p><b>timing:") and "<td>inference</td>" in html
     assert "a &lt;b&gt; note" in html and "<b> note" not in html
 
 
@@ -298,7 +149,7 @@ def test_sweep_report_rows_and_throughput() -> None:
     text = str(sweep)
     assert text.splitlines()[0] == "batch-size sweep (median latency), device=cpu"
     assert "requests/s" in text and "inference ms" in text
-    assert "<th>requests/s</th>" in sweep._repr_html_()
+    assert "<th>requests/s</th>" in sweep._repr_mimebundle_()["text/html"]
     assert json.loads(json.dumps(sweep.to_dict()))["rows"][0]["throughput_rps"] == pytest.approx(100.0)
 
 

@@ -1,1 +1,4 @@
-"""Diagnostics the harness reports: device, timing, memory, contract and compile facts."""
+"""Diagnostics the harness reports, each reading a harness through its public surface
+(:class:`~handlerkit.diagnostics._view.HarnessView`): ``device`` (where a handler runs and
+why), ``timing`` (repeated timing and sweeps), ``checks`` (contract, batch parity, request
+encodings)."""

@@ -1,98 +1,24 @@
-"""Which accelerators exist, behind small functions tests can replace.
-
-Every device decision in handlerkit goes through :func:`availability`, so a test fakes a
-CUDA, XPU, MPS or XLA machine by monkeypatching one function here, with no GPU at hand.
-"""
+"""Where a handler runs and why (``Harness.device_report``): the device decision, the
+accelerators, TF32, where the model's parameters and each stage's tensors live, and the
+host<->device copies inside inference."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlerkit._render import Rendered, Table
+from handlerkit import devices
+from handlerkit.diagnostics._view import HarnessView
 
-def cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def xpu_available() -> bool:
-    import torch
-
-    xpu = getattr(torch, "xpu", None)
-    return bool(xpu is not None and xpu.is_available())
+__all__ = ["DeviceReport", "build_device_report", "fp32_precision_state", "gpu_facts", "model_placement", "watch_copies"]
 
 
-def mps_available() -> bool:
-    import torch
-
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
-
-
-def xla_available() -> bool:
-    # find_spec does not import torch_xla (which would grab the TPU).
-    return importlib.util.find_spec("torch_xla") is not None
-
-
-def availability() -> dict[str, bool]:
-    """Availability of each accelerator kind, in handlerkit's order of preference."""
-    return {
-        "cuda": cuda_available(),
-        "xpu": xpu_available(),
-        "mps": mps_available(),
-        "xla": xla_available(),
-    }
-
-
-def xla_device() -> Any:
-    import torch_xla.core.xla_model as xm  # only reached when xla_available()
-
-    return xm.xla_device()
-
-
-@dataclass
-class DeviceChoice:
-    """The device a handler chose, and why."""
-
-    device: Any
-    kind: str
-    reason: str
-    available: dict[str, bool] = field(default_factory=dict)
-
-
-def choose_device(gpu_id: Any) -> DeviceChoice:
-    """TorchServe's device rule: CUDA when ``gpu_id`` is given → XPU → MPS → XLA → CPU.
-
-    ``gpu_id`` is the worker's ``system_properties["gpu_id"]``; ``None`` means the server
-    gave this worker no GPU, which keeps every accelerator but XLA out.
-    """
-    import torch
-
-    avail = availability()
-    if gpu_id is not None and avail["cuda"]:
-        return DeviceChoice(torch.device(f"cuda:{gpu_id}"), "cuda", f"CUDA is available and gpu_id={gpu_id!r}", avail)
-    if gpu_id is not None and avail["xpu"]:
-        return DeviceChoice(torch.device(f"xpu:{gpu_id}"), "xpu", f"XPU is available and gpu_id={gpu_id!r}", avail)
-    if gpu_id is not None and avail["mps"]:
-        return DeviceChoice(torch.device("mps"), "mps", f"MPS is available and gpu_id={gpu_id!r}", avail)
-    if avail["xla"]:
-        return DeviceChoice(xla_device(), "xla", "torch_xla is installed", avail)
-    if gpu_id is None and any(avail[k] for k in ("cuda", "xpu", "mps")):
-        found = ", ".join(k for k in ("cuda", "xpu", "mps") if avail[k])
-        reason = f"no gpu_id was given, so {found} is left unused (TorchServe does the same)"
-    else:
-        reason = "no accelerator is available"
-    return DeviceChoice(torch.device("cpu"), "cpu", reason, avail)
-
-
-# ---------------------------------------------------------------------------- the report
 def gpu_facts(device: Any) -> dict[str, Any]:
     """Name, compute capability and memory of a CUDA device (empty elsewhere)."""
     import torch
 
-    if getattr(device, "type", None) != "cuda" or not cuda_available():
+    if getattr(device, "type", None) != "cuda" or not devices.cuda_available():
         return {}
     props = torch.cuda.get_device_properties(device)
     return {
@@ -131,8 +57,8 @@ def model_placement(model: Any) -> dict[str, dict[str, int]]:
     return placement
 
 
-@dataclass
-class DeviceReport:
+@dataclass(repr=False)
+class DeviceReport(Rendered):
     """Where a handler runs and why, and what looks wrong about it."""
 
     handler: str
@@ -176,31 +102,28 @@ class DeviceReport:
             rows.append(("warning", w))
         return rows
 
-    def __repr__(self) -> str:
-        from handlerkit._text import render_text
+    def _summary(self) -> str:
+        verdict = f", {len(self.warnings)} warning(s)" if self.warnings else ""
+        return f"device report of {self.handler}: {self.device}{verdict}"
 
-        return render_text(["", ""], self.rows(), title="device report")
-
-    def _repr_html_(self) -> str:
-        from handlerkit._text import render_html
-
-        return render_html(["", ""], self.rows(), title="device report")
+    def _tables(self) -> list[Table]:
+        return [Table(("", ""), self.rows())]
 
 
-def _inference_copies(harness: Any) -> list[str]:
+def _inference_copies(harness: HarnessView) -> list[str]:
     """Re-run inference once on the last preprocess output, watching for device copies."""
     pre = harness.results.get("preprocess")
     if harness.handler is None or pre is None or not pre.ok or harness.single_stage:
         return []
     try:
-        with harness._imports():
+        with harness.imports():
             _, copies = watch_copies(lambda: harness.handler.inference(pre.output))
     except Exception as exc:  # the report must not fail because a re-run did
         return [f"(could not re-run inference to watch copies: {type(exc).__name__}: {exc})"]
     return copies
 
 
-def build_device_report(harness: Any) -> DeviceReport:
+def build_device_report(harness: HarnessView) -> DeviceReport:
     """The device report of a harness's handler, from its decisions and its last stages."""
     handler = harness.handler
     decisions = getattr(handler, "decisions", None)
@@ -209,7 +132,7 @@ def build_device_report(harness: Any) -> DeviceReport:
         reason, available, tf32, fmt = decisions.device_reason, decisions.available, decisions.tf32, decisions.model_format
     else:  # TorchServe's own handlers and function handlers record nothing: derive
         reason = "chosen by the handler (it does not record why)"
-        available, tf32, fmt = availability(), {}, ""
+        available, tf32, fmt = devices.availability(), {}, ""
     model = getattr(handler, "model", None)
     placement = model_placement(model) if model is not None else {"parameters": {}, "buffers": {}}
     stage_devices = {name: r.devices for name, r in harness.results.items() if name != "initialize"}

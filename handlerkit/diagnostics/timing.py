@@ -1,14 +1,11 @@
-"""Stage timing: a cheap device-aware :class:`Timer`, sample statistics and the reports.
+"""Repeated timing of a handler's stages (``Harness.time``) and batch-size sweeps (``Harness.sweep``).
 
-A GPU runs work asynchronously: a stage that launches kernels returns before they finish,
-so a bare wall clock measures the launch, not the work. :class:`Timer` therefore
-synchronises the stage's device before starting and after stopping the clock (CUDA, XPU,
-MPS) and, on backends with timing events, also reads the device's own clock. On CPU it is
-two ``time.perf_counter_ns()`` calls.
-
-The Harness owns the stage calls; :func:`time_callable_stages` only repeats one pass and
-collects the per-stage milliseconds it returns. :class:`TimingReport` and
-:class:`SweepReport` render themselves as text (terminals) and HTML (Jupyter).
+Each pass is a real run (:meth:`Harness.run`, through the handler's own ``handle``, so a
+handler that splits the batch is timed as TorchServe runs it), with per-stage memory tracking
+off; the stages' times come from the harness's device-synchronised timer
+(:class:`handlerkit.timer.Timer`). The harness's results and bound batch are put back after.
+:func:`time_callable_stages` repeats any pass and collects the per-stage milliseconds it
+returns; :class:`TimingReport` and :class:`SweepReport` render themselves.
 """
 
 from __future__ import annotations
@@ -16,197 +13,29 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from types import TracebackType
 from typing import Any
 
-from handlerkit._text import render_html, render_text
-from handlerkit.diagnostics import device as _device
+from handlerkit._render import Rendered, Table
+from handlerkit.diagnostics._view import HarnessView
 
 __all__ = [
     "END_TO_END",
-    "Timer",
     "TimingStats",
     "summarize",
     "TimingReport",
     "SweepReport",
     "time_callable_stages",
+    "time_stages",
+    "sweep_stages",
+    "resize_batch",
     "batch_sizes",
-    "device_kind",
-    "needs_sync",
-    "synchronize",
 ]
 
 END_TO_END = "end_to_end"
 """The key under which end-to-end samples travel next to the per-stage samples."""
-
-_SYNCED_KINDS = ("cuda", "xpu", "mps")
-
-
-# --- seams -------------------------------------------------------------------------------
-# Tests replace these (or the torch functions they call) to fake an accelerator.
-
-
-def device_kind(device: Any) -> str:
-    """The device type of ``device`` (``None``, ``"cuda:0"``, ``torch.device``, …) as a string.
-
-    ``None`` means CPU. Does not import torch.
-    """
-    if device is None:
-        return "cpu"
-    kind = getattr(device, "type", None)
-    if isinstance(kind, str):
-        return kind
-    return str(device).split(":", 1)[0].strip().lower()
-
-
-def _kind_available(kind: str) -> bool:
-    # Through the device module's attributes, so monkeypatching them there takes effect here.
-    if kind == "cuda":
-        return _device.cuda_available()
-    if kind == "xpu":
-        return _device.xpu_available()
-    if kind == "mps":
-        return _device.mps_available()
-    return False
-
-
-def needs_sync(device: Any) -> bool:
-    """Whether timing work on ``device`` needs device synchronisation (an available
-    CUDA, XPU or MPS device); False for CPU and None."""
-    kind = device_kind(device)
-    return kind in _SYNCED_KINDS and _kind_available(kind)
-
-
-def synchronize(kind: str, device: Any = None) -> None:
-    """Wait until all work queued on ``device`` (of type ``kind``) has finished."""
-    import torch
-
-    if kind == "cuda":
-        torch.cuda.synchronize(device)
-    elif kind == "xpu":
-        torch.xpu.synchronize(device)
-    elif kind == "mps":
-        torch.mps.synchronize()
-
-
-def _timing_events(kind: str) -> tuple[Any, Any] | None:
-    """A (start, end) pair of device timing events, or ``None`` where the backend has none."""
-    import torch
-
-    module = {"cuda": torch.cuda, "xpu": getattr(torch, "xpu", None), "mps": getattr(torch, "mps", None)}.get(kind)
-    event_cls = getattr(module, "Event", None)
-    if event_cls is None:
-        return None
-    try:
-        return event_cls(enable_timing=True), event_cls(enable_timing=True)
-    except (RuntimeError, TypeError):  # a backend build without timing events
-        return None
-
-
-# --- Timer -------------------------------------------------------------------------------
-
-
-class Timer:
-    """Time one block of code, synchronising its device around the clock.
-
-    Example:
-        >>> with Timer() as t:
-        ...     pass
-        >>> t.device_ms is None
-        True
-
-    On an available CUDA / XPU / MPS device the order is: synchronise, start the wall clock,
-    record a start event, run the block, record an end event, synchronise, stop the wall
-    clock. ``wall_ms`` then includes the device work, and ``device_ms`` is the events'
-    elapsed time (the device's own view, without host overhead before the first launch).
-    Where the backend has no timing events, ``device_ms`` is the synchronised wall time.
-
-    A device whose backend is not available (``"cuda"`` on a machine without a GPU) is
-    timed like the CPU: no synchronisation, ``synchronized`` is False.
-
-    If the block raises, the clock stops without the closing synchronisation (it could
-    raise again and hide the original error): ``wall_ms`` is set, ``device_ms`` is None and
-    ``synchronized`` is False. The exception propagates.
-
-    Args:
-        device: the stage's device; ``None`` (the default) means CPU.
-
-    Attributes:
-        device: the device given.
-        kind: its type: ``"cpu"``, ``"cuda"``, ``"xpu"``, ``"mps"``…
-        wall_ms: host wall time of the block, in milliseconds (None until it has run).
-        device_ms: device time in milliseconds; None on CPU.
-        synchronized: whether the device was synchronised around the block.
-    """
-
-    __slots__ = ("device", "kind", "_sync", "_events", "_t0", "wall_ms", "device_ms", "synchronized")
-
-    def __init__(self, device: Any = None) -> None:
-        self.device = device
-        self.kind = device_kind(device)
-        # Decided once per Timer, so entering and leaving stay at a few calls.
-        self._sync = needs_sync(device)
-        self._events: tuple[Any, Any] | None = None
-        self._t0 = 0
-        self.wall_ms: float | None = None
-        self.device_ms: float | None = None
-        self.synchronized = False
-
-    def start(self) -> Timer:
-        """Start timing (what ``with`` does on entry); returns the timer."""
-        self.wall_ms = self.device_ms = None
-        self.synchronized = False
-        if self._sync:
-            synchronize(self.kind, self.device)
-            self._events = _timing_events(self.kind)
-            self._t0 = time.perf_counter_ns()
-            if self._events is not None:
-                self._events[0].record()
-        else:
-            self._t0 = time.perf_counter_ns()
-        return self
-
-    def stop(self, *, failed: bool = False) -> float:
-        """Stop timing and return ``wall_ms``.
-
-        Args:
-            failed: the block raised; skip the closing synchronisation.
-        """
-        if not self._sync:
-            self.wall_ms = (time.perf_counter_ns() - self._t0) / 1e6
-            return self.wall_ms
-        if failed:
-            self.wall_ms = (time.perf_counter_ns() - self._t0) / 1e6
-            self._events = None
-            return self.wall_ms
-        events = self._events
-        if events is not None:
-            events[1].record()
-        synchronize(self.kind, self.device)
-        self.wall_ms = (time.perf_counter_ns() - self._t0) / 1e6
-        self.device_ms = float(events[0].elapsed_time(events[1])) if events is not None else self.wall_ms
-        self._events = None
-        self.synchronized = True
-        return self.wall_ms
-
-    def __enter__(self) -> Timer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop(failed=exc_type is not None)
-
-    def __repr__(self) -> str:
-        wall = "n/a" if self.wall_ms is None else f"{self.wall_ms:.3f} ms"
-        dev = "" if self.device_ms is None else f", device={self.device_ms:.3f} ms"
-        return f"Timer({self.kind}: wall={wall}{dev}, synchronized={self.synchronized})"
-
 
 # --- statistics --------------------------------------------------------------------------
 
@@ -324,20 +153,8 @@ def batch_sizes(max_batch_size: int) -> list[int]:
 # --- reports -----------------------------------------------------------------------------
 
 
-def _notes_text(notes: Sequence[str]) -> str:
-    return "".join(f"\nnote: {n}" for n in notes)
-
-
-def _notes_html(notes: Sequence[str]) -> str:
-    import html
-
-    if not notes:
-        return ""
-    return "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"
-
-
-@dataclass
-class TimingReport:
+@dataclass(repr=False)
+class TimingReport(Rendered):
     """Per-stage timing of repeated passes, as ``Harness.time`` returns it.
 
     Renders as a table (stage, n, min, median, p90, mean in ms, share %) in a terminal and
@@ -425,23 +242,21 @@ class TimingReport:
             "notes": list(self.notes),
         }
 
-    def __str__(self) -> str:
-        text = render_text(self.headers, self.rows, self.title)
+    def _summary(self) -> str:
+        text = self.title
         if self.throughput is not None:
-            text += f"\nthroughput: {self.throughput:.1f} requests/s"
-        return text + _notes_text(self.notes)
+            text += f"; throughput {self.throughput:.1f} requests/s"
+        return text
 
-    __repr__ = __str__
+    def _tables(self) -> list[Table]:
+        return [Table(self.headers, self.rows)]
 
-    def _repr_html_(self) -> str:
-        html = render_html(self.headers, self.rows, self.title)
-        if self.throughput is not None:
-            html += f"<p>throughput: {self.throughput:.1f} requests/s</p>"
-        return html + _notes_html(self.notes)
+    def _notes(self) -> list[str]:
+        return list(self.notes)
 
 
-@dataclass
-class SweepReport:
+@dataclass(repr=False)
+class SweepReport(Rendered):
     """Latency and throughput across batch sizes, one :class:`TimingReport` per size.
 
     Each row holds the batch size, every stage's median (ms), the end-to-end median (ms; the
@@ -505,10 +320,64 @@ class SweepReport:
             "notes": list(self.notes),
         }
 
-    def __str__(self) -> str:
-        return render_text(self.headers, self._table_rows(), self.title) + _notes_text(self.notes)
+    def _summary(self) -> str:
+        return self.title
 
-    __repr__ = __str__
+    def _tables(self) -> list[Table]:
+        return [Table(self.headers, self._table_rows())]
 
-    def _repr_html_(self) -> str:
-        return render_html(self.headers, self._table_rows(), self.title) + _notes_html(self.notes)
+    def _notes(self) -> list[str]:
+        return list(self.notes)
+
+
+# --- repeated runs of a harness --------------------------------------------------------------
+
+
+def _stage_ms(run: Any) -> dict[str, float]:
+    """``{stage: ms}`` of one run: device time where a stage ran on an accelerator."""
+    return {
+        name: (r.device_ms if r.device_ms is not None else r.wall_ms)
+        for name, r in run.stages.items()
+        if name != "initialize"
+    }
+
+
+def time_stages(harness: HarnessView, batch: Any, warmup: int = 3, repeat: int = 20) -> TimingReport:
+    """Per-stage statistics over ``repeat`` runs after ``warmup`` runs."""
+    if "initialize" not in harness.results or not harness.results["initialize"].ok:
+        harness.initialize()
+    handler = harness.handler
+    device = getattr(handler, "device", None) or "cpu"
+    track_memory = harness.track_memory
+    harness.track_memory = False  # timing measures the handler, not the memory tracker
+    try:
+        with harness.preserved(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            samples = time_callable_stages(lambda: _stage_ms(harness.run(batch)), warmup=warmup, repeat=repeat)
+    finally:
+        harness.track_memory = track_memory
+    notes = []
+    compiled = getattr(getattr(getattr(handler, "decisions", None), "compile", None), "applied", False)
+    if compiled and warmup < 1:
+        notes.append("the model is compiled and warmup is 0: the first pass includes compilation")
+    return TimingReport.from_samples(samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes)
+
+
+def resize_batch(batch: Any, size: int) -> Any:
+    """A batch of ``size`` requests, cycling through the given ones (``with_headers()`` copies them with fresh ids)."""
+    from handlerkit.requests import batch as make_batch
+
+    requests = list(batch.requests)
+    if not requests:
+        raise ValueError("cannot sweep an empty batch")
+    return make_batch(*(requests[i % len(requests)].with_headers() for i in range(size)))
+
+
+def sweep_stages(
+    harness: HarnessView, batch: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8), warmup: int = 2, repeat: int = 10
+) -> SweepReport:
+    """Latency and throughput per stage at each batch size."""
+    if not batch_sizes or any(not isinstance(n, int) or n < 1 for n in batch_sizes):
+        raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
+    reports = [time_stages(harness, resize_batch(batch, n), warmup=warmup, repeat=repeat) for n in batch_sizes]
+    return SweepReport(reports)

@@ -11,7 +11,13 @@ one import. Where it differs, it differs to fail loudly instead of silently:
 * a failed ``torch.compile`` is recorded in :attr:`BaseHandler.decisions` and warned about;
 * a bad model dir raises a :class:`~handlerkit.errors.ModelLoadError` that names the file
   and the fix, and leaves ``initialized`` False;
-* TF32 is set in ``initialize`` (a ``handler: {tf32: ...}`` setting), never at import.
+* TF32 is set in ``initialize`` (a ``handler: {tf32: ...}`` setting), never at import;
+* the ``handler:`` settings are validated once, at ``initialize`` (:attr:`BaseHandler.settings`).
+
+Like TorchServe's, ``initialize`` deletes ``pt2.compile.enable`` from the context's model
+config when it is true, and ``handle`` runs the stages under ``torch.profiler`` when the
+``ENABLE_TORCH_PROFILER`` environment variable is set (the trace goes to
+``/tmp/pytorch_profiler/<model name>`` unless ``profiler_args`` say otherwise).
 
 Example:
     >>> class MyHandler(BaseHandler):
@@ -33,15 +39,19 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from handlerkit.diagnostics.device import choose_device
+from handlerkit._stack import user_stacklevel
+from handlerkit.contract import HANDLER_STAGES
+from handlerkit.devices import choose_device
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, ModelLoadError
 from handlerkit.formats import detect_format, load_model
+from handlerkit.requests import payload
+from handlerkit.timer import Timer
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BaseHandler", "HandlerDecisions", "CompileDecision", "load_label_mapping", "timed"]
 
-STAGES = ("preprocess", "inference", "postprocess")
+STAGES = HANDLER_STAGES  # the stage methods, in the order handle runs them
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -83,32 +93,19 @@ class HandlerDecisions:
 def timed(func: F) -> F:
     """Record ``ts_handler_<stage>`` (ms) when the model config has ``handler: {profile: true}``.
 
-    The same switch and metric name as TorchServe's ``ts.handler_utils.timer.timed``; on
-    CUDA the time comes from CUDA events.
+    The same switch and metric name as TorchServe's ``ts.handler_utils.timer.timed``; on an
+    accelerator the time is device-synchronised (:class:`handlerkit.timer.Timer`).
     """
 
     @functools.wraps(func)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        context = getattr(self, "context", None)
-        config = getattr(context, "model_yaml_config", None) or {}
-        handler_cfg = config.get("handler") if isinstance(config, dict) else None
-        if not (isinstance(handler_cfg, dict) and handler_cfg.get("profile")):
+        settings = getattr(self, "settings", None)
+        if settings is None or not settings.profile:
             return func(self, *args, **kwargs)
-        on_cuda = torch.cuda.is_available()
-        if on_cuda:
-            start_event = torch.cuda.Event(enable_timing=True)
-            end_event = torch.cuda.Event(enable_timing=True)
-            start_event.record()
-        else:
-            start = time.perf_counter()
-        result = func(self, *args, **kwargs)
-        if on_cuda:
-            end_event.record()
-            torch.cuda.synchronize()
-            duration = start_event.elapsed_time(end_event)
-        else:
-            duration = (time.perf_counter() - start) * 1000
-        context.metrics.add_time("ts_handler_" + func.__name__, duration)
+        with Timer(getattr(self, "device", None)) as timer:
+            result = func(self, *args, **kwargs)
+        duration = timer.device_ms if timer.device_ms is not None else timer.wall_ms
+        self.context.metrics.add_time("ts_handler_" + func.__name__, duration)
         return result
 
     return wrapper  # type: ignore[return-value]
@@ -127,13 +124,14 @@ def load_label_mapping(path: str) -> dict[str, str] | None:
             mapping = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelLoadError(
-            f"{path} is not valid JSON ({exc}); fix: write it as {{\"0\": \"label\", ...}}", path=path
+            f"{path} is not valid JSON ({exc})", path=path, fix='write it as {"0": "label", ...}'
         ) from exc
     if not isinstance(mapping, dict):
         raise ModelLoadError(
             f"{path} holds a {type(mapping).__name__}; an index->name map is a JSON object "
-            '{"0": "label", ...}; fix: rewrite it in that form',
+            '{"0": "label", ...}',
             path=path,
+            fix="rewrite it in that form",
         )
     names = mapping.get("object_type_names")
     if isinstance(names, list):
@@ -205,6 +203,8 @@ class BaseHandler:
         self.model_yaml_config: dict[str, Any] = {}
         self.explain = False
         self.target = 0
+        self.profiler_args: dict[str, Any] = {}
+        self.settings: Any = None  # the handler: section, validated (handlerkit.config.HandlerSettings)
         self.decisions = HandlerDecisions()
 
     # ------------------------------------------------------------------ initialize
@@ -229,6 +229,8 @@ class BaseHandler:
         raw_config = getattr(context, "model_yaml_config", None) or {}
         self.model_yaml_config = raw_config
         config = parse_config(raw_config, source="model-config.yaml")
+        self.settings = config.handler
+        _consume_compile_enable(raw_config)
         properties = context.system_properties
 
         choice = choose_device(properties.get("gpu_id"))
@@ -236,17 +238,17 @@ class BaseHandler:
         self.map_location = choice.kind if choice.kind != "xla" else None
         decisions.device, decisions.device_kind = str(choice.device), choice.kind
         decisions.device_reason, decisions.available = choice.reason, choice.available
-        decisions.tf32 = self._apply_tf32(config.handler.get("tf32", "auto"))
+        decisions.tf32 = self._apply_tf32(config.handler.tf32)
 
         self.manifest = context.manifest
         if not isinstance(self.manifest, dict) or not isinstance(self.manifest.get("model"), dict):
             raise ModelLoadError(
-                f"context.manifest must be a dict with a 'model' section, got {self.manifest!r}; "
-                "fix: use MockContext.from_model_dir(...) or give MockContext a manifest"
+                f"context.manifest must be a dict with a 'model' section, got {self.manifest!r}",
+                fix="use MockContext.from_model_dir(...) or give MockContext a manifest",
             )
         model_dir = properties.get("model_dir") or "."
         if not os.path.isdir(model_dir):
-            raise ModelLoadError(f"model_dir {model_dir} does not exist; fix: point the context at the model dir")
+            raise ModelLoadError(f"model_dir {model_dir} does not exist", path=model_dir, fix="point the context at the model dir")
         serialized = self.manifest["model"].get("serializedFile")
         self.model_pt_path = os.path.join(model_dir, serialized) if serialized else None
         model_file = self.manifest["model"].get("modelFile") or None
@@ -267,19 +269,15 @@ class BaseHandler:
             decisions.label_map["model_width"] = width
             if width is not None and width != len(self.mapping):
                 raise ModelLoadError(
-                    f"{mapping_path} has {len(self.mapping)} labels but the model outputs {width} scores; "
-                    "fix: write one label per model output (keys '0'..'{}')".format(width - 1),
+                    f"{mapping_path} has {len(self.mapping)} labels but the model outputs {width} scores",
                     path=mapping_path,
+                    fix=f"write one label per model output (keys '0'..'{width - 1}')",
                 )
         if self.mapping is None:
             decisions.notes.append(f"no {mapping_path}: outputs carry class indices, not names")
 
     def _apply_tf32(self, setting: Any) -> dict[str, Any]:
         """TF32 for CUDA matmuls/convs: "auto" does what TorchServe does (on for Ampere+)."""
-        if setting not in ("auto", True, False):
-            raise HandlerkitError(
-                f"model-config.yaml: handler.tf32 must be auto, true or false, got {setting!r}"
-            )
         state: dict[str, Any] = {"setting": setting, "applied": False}
         if getattr(self.device, "type", "") == "cuda":
             capability = torch.cuda.get_device_capability(self.device)
@@ -308,7 +306,7 @@ class BaseHandler:
                 f"handlerkit: pt2 asks torch.compile for backend {backend!r}, which torch does not have "
                 f"(known: {', '.join(torch._dynamo.list_backends())}); the model runs without compilation",
                 HandlerkitWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
             return decision
         if not isinstance(self.model, torch.nn.Module) and not callable(self.model):
@@ -319,7 +317,7 @@ class BaseHandler:
         except Exception as exc:  # TorchServe logs this and goes on; so do we, loudly.
             decision.error = repr(exc)
             decision.reason = f"torch.compile raised {exc!r}; the model runs eagerly"
-            warnings.warn(f"handlerkit: {decision.reason}", HandlerkitWarning, stacklevel=4)
+            warnings.warn(f"handlerkit: {decision.reason}", HandlerkitWarning, stacklevel=user_stacklevel())
             return decision
         decision.applied = True
         decision.reason = "compiled lazily: the first inference compiles; " + (pt2.reason or "")
@@ -333,7 +331,7 @@ class BaseHandler:
         """Requests to a tensor. TorchServe's default is ``torch.as_tensor(data)``; here a row
         that is a request dict is first replaced by its ``data`` or ``body`` value, so a JSON
         body ``[1.0, 2.0]`` works as well as TorchServe's own test input ``[[1.0, 2.0]]``."""
-        rows = [_payload(row) if isinstance(row, dict) else row for row in data]
+        rows = [payload(row) if isinstance(row, dict) else row for row in data]
         return torch.as_tensor(rows, device=self.device)
 
     @timed
@@ -359,7 +357,7 @@ class BaseHandler:
             f"handlerkit: torch.compile failed while compiling the model ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}); falling back to the eager model",
             HandlerkitWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         return self.model(data, *args, **kwargs)
 
@@ -370,10 +368,15 @@ class BaseHandler:
 
     # ------------------------------------------------------------------ handle
     def handle(self, data: list[Any], context: Any) -> list[Any]:
-        """TorchServe's entry point: describe, explain or preprocess → inference → postprocess."""
+        """TorchServe's entry point: describe, explain or preprocess → inference → postprocess
+        (under ``torch.profiler`` when ``ENABLE_TORCH_PROFILER`` is set)."""
         start = time.time()
         self.context = context
-        if self._is_describe():
+        if os.environ.get("ENABLE_TORCH_PROFILER"):
+            if self.manifest is None:
+                self.manifest = context.manifest  # the trace folder is named after the model
+            output = self._infer_with_profiler(data)
+        elif self._is_describe():
             output = [self.describe_handle()]
         else:
             data_preprocess = self.preprocess(data)
@@ -383,6 +386,37 @@ class BaseHandler:
             else:
                 output = self.explain_handle(data_preprocess, data)
         context.metrics.add_time("HandlerTime", round((time.time() - start) * 1000, 2), None, "ms")
+        return output
+
+    def _infer_with_profiler(self, data: list[Any]) -> Any:
+        """The stages under ``torch.profiler``, as TorchServe's handle runs them with
+        ``ENABLE_TORCH_PROFILER``: CPU (and CUDA where available) activities with shapes, one
+        ``record_function`` per stage, a trace written by ``profiler_args["on_trace_ready"]``
+        (default: TensorBoard traces in ``/tmp/pytorch_profiler/<model name>``)."""
+        from torch.profiler import ProfilerActivity, profile, record_function, tensorboard_trace_handler
+
+        if not self.profiler_args:
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self.profiler_args.update(activities=activities, record_shapes=True)
+        if "on_trace_ready" not in self.profiler_args:
+            model_name = ((self.manifest or {}).get("model") or {}).get("modelName", "")
+            trace_dir = os.path.join("/tmp/pytorch_profiler", model_name)
+            self.profiler_args["on_trace_ready"] = tensorboard_trace_handler(trace_dir)
+            logger.info("Saving chrome trace to : %s", trace_dir)
+        with profile(**self.profiler_args) as prof:
+            with record_function("preprocess"):
+                data_preprocess = self.preprocess(data)
+            if not self._is_explain():
+                with record_function("inference"):
+                    output = self.inference(data_preprocess)
+                with record_function("postprocess"):
+                    output = self.postprocess(output)
+            else:
+                with record_function("explain"):
+                    output = self.explain_handle(data_preprocess, data)
+        logger.info(prof.key_averages().table(sort_by="cpu_time_total", row_limit=10))
         return output
 
     def _header(self, key: str) -> Any:
@@ -404,14 +438,15 @@ class BaseHandler:
         row = raw_data[0]
         inputs, target = None, 0
         if isinstance(row, dict):
-            inputs = row.get("data") or row.get("body")
+            inputs = payload(row)
             target = row.get("target") or 0
         return self.get_insights(data_preprocess, inputs, target)
 
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any) -> Any:
         raise HandlerkitError(
             f"the request asked for an explanation (header explain: True) but {type(self).__name__} "
-            "has no get_insights(); fix: override get_insights(tensor_data, raw_input, target)"
+            "has no get_insights()",
+            fix="override get_insights(tensor_data, raw_input, target)",
         )
 
     def describe_handle(self) -> Any:
@@ -426,6 +461,11 @@ class BaseHandler:
         return f"<{type(self).__name__} {state} device={self.device} format={self.decisions.model_format or '-'}>"
 
 
-def _payload(row: dict[str, Any]) -> Any:
-    value = row.get("data")
-    return value if value is not None else row.get("body")
+def _consume_compile_enable(config: Any) -> None:
+    """TorchServe's initialize deletes ``pt2.compile.enable`` when it is true (the rest of the
+    section becomes ``torch.compile``'s keyword arguments); a handler that reads the config
+    afterwards sees it gone under the server, so here too."""
+    pt2 = config.get("pt2") if isinstance(config, dict) else None
+    section = pt2.get("compile") if isinstance(pt2, dict) else None
+    if isinstance(section, dict) and section.get("enable") is True:
+        del section["enable"]

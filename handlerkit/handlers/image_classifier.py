@@ -7,7 +7,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from handlerkit.errors import ConfigError
 from handlerkit.handlers.base import timed
 from handlerkit.handlers.vision import VisionHandler
 
@@ -43,19 +42,9 @@ class ImageClassifier(VisionHandler):
         self.image_processing = _imagenet_transform()
 
     def initialize(self, context: Any) -> None:
-        config = getattr(context, "model_yaml_config", None)
-        section = config.get("handler") if isinstance(config, dict) else None
-        topk = section.get("topk") if isinstance(section, dict) else None
-        if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or topk < 1):
-            # Checked before loading, so a bad value leaves nothing half-initialised.
-            self.initialized = False
-            self.model = None
-            raise ConfigError(
-                f"model-config.yaml: handler.topk must be a positive integer, got {topk!r}; "
-                "fix: write e.g. 'handler: {topk: 5}'"
-            )
-        super().initialize(context)
+        super().initialize(context)  # validates handler.topk with the rest of the config
         # The class default when the config has none, so a re-initialize drops an old value.
+        topk = self.settings.topk
         self.topk = topk if topk is not None else type(self).topk
 
     def set_max_result_classes(self, topk: int) -> None:

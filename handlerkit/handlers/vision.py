@@ -13,6 +13,7 @@ import torch
 
 from handlerkit.errors import RequestError
 from handlerkit.handlers.base import BaseHandler, timed
+from handlerkit.requests import payload as request_payload
 
 __all__ = ["VisionHandler", "decode_image"]
 
@@ -48,9 +49,9 @@ def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
             payload = base64.b64decode("".join(payload.split()), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise RequestError(
-                f"request {index}: the body is a str that is not base64 ({exc}); fix: send the image "
-                "bytes with a binary content type, or base64-encode them",
+                f"request {index}: the body is a str that is not base64 ({exc})",
                 index,
+                fix="send the image bytes with a binary content type, or base64-encode them",
             ) from exc
     try:
         with _pixel_limit(limit_pixels):
@@ -58,20 +59,22 @@ def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
             image.load()  # decode now, so a truncated file fails here and not in a transform
     except Image.DecompressionBombError as exc:
         raise RequestError(
-            f"request {index}: {exc}; fix: send a smaller image, or set limit_max_image_pixels=False "
-            "on the server (MockContext(limit_max_image_pixels=False)) if you trust the source",
+            f"request {index}: {exc}",
             index,
+            fix="send a smaller image, or set limit_max_image_pixels=False on the server "
+            "(MockContext(limit_max_image_pixels=False)) if you trust the source",
         ) from exc
     except UnidentifiedImageError as exc:
         raise RequestError(
-            f"request {index}: the {len(payload)}-byte body is not an image PIL can read; fix: send a "
-            "PNG/JPEG file as the request body",
+            f"request {index}: the {len(payload)}-byte body is not an image PIL can read",
             index,
+            fix="send a PNG/JPEG file as the request body",
         ) from exc
     except (OSError, SyntaxError) as exc:
         raise RequestError(
-            f"request {index}: the image is corrupt or truncated ({exc}); fix: send the complete image file",
+            f"request {index}: the image is corrupt or truncated ({exc})",
             index,
+            fix="send the complete image file",
         ) from exc
     return image
 
@@ -102,13 +105,14 @@ class VisionHandler(BaseHandler):
     def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor:
         images = []
         for index, row in enumerate(data):
-            payload = (row.get("data") or row.get("body")) if isinstance(row, dict) else row
-            if payload is None:
-                keys = list(row) if isinstance(row, dict) else type(row).__name__
+            payload = request_payload(row) if isinstance(row, dict) else row
+            if payload is None or (isinstance(payload, (bytes, bytearray, str)) and not payload):
+                what = f"keys {list(row)}" if isinstance(row, dict) else type(row).__name__
+                empty = "an empty body" if payload is not None else f"no image under 'data' or 'body' ({what})"
                 raise RequestError(
-                    f"request {index}: no image under 'data' or 'body' (got {keys}); fix: send the image "
-                    "as the request body or as a form field named 'data'",
+                    f"request {index}: {empty}",
                     index,
+                    fix="send the image as the request body or as a form field named 'data'",
                 )
             if isinstance(payload, (bytes, bytearray, str)):
                 image = decode_image(payload, index, limit_pixels=self._limit_pixels())
@@ -119,15 +123,15 @@ class VisionHandler(BaseHandler):
                 images.append(torch.as_tensor(payload, dtype=torch.float32))
             else:
                 raise RequestError(
-                    f"request {index}: a {type(payload).__name__} is not an image; send image bytes, a "
-                    "base64 str or a list of floats",
+                    f"request {index}: a {type(payload).__name__} is not an image",
                     index,
+                    fix="send image bytes, a base64 str or a list of floats",
                 )
         shapes = {tuple(t.shape) for t in images}
         if len(shapes) > 1:
             raise RequestError(
-                f"the batch's images have different shapes after preprocessing {sorted(shapes)}; fix: "
-                "make image_processing resize every image to one size"
+                f"the batch's images have different shapes after preprocessing {sorted(shapes)}",
+                fix="make image_processing resize every image to one size",
             )
         return torch.stack(images).to(self.device)
 

@@ -23,8 +23,9 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from handlerkit.diagnostics import device as _device
-from handlerkit.diagnostics.timing import device_kind
+from handlerkit import devices as _device
+from handlerkit._text import format_bytes
+from handlerkit.devices import device_kind
 
 __all__ = ["MemoryTracker", "rss_bytes", "format_bytes", "cpu_method", "METHODS"]
 
@@ -98,21 +99,6 @@ def rss_bytes() -> int | None:
     except ImportError:
         return None
     return int(psutil.Process().memory_info().rss)
-
-
-def format_bytes(n: float | None) -> str:
-    """``n`` bytes in binary units: ``format_bytes(12_900_000)`` → ``"12.3 MiB"``; None → ``"n/a"``."""
-    if n is None:
-        return "n/a"
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    if value < 1024:
-        return f"{sign}{int(value)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{sign}{value:.1f} {unit}"
 
 
 def _vmhwm_works() -> bool:

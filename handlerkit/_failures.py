@@ -1,0 +1,136 @@
+"""Turning an exception raised inside a stage into a :class:`~handlerkit.errors.StageError`
+that names the stage, the handler, the request, where in the user's code it was raised, and
+the fix.
+
+handlerkit's own errors carry their fix (``error.fix``). For everything else a short table
+matches the usual ways a stage fails (a foreign library's message is the only thing to go on
+there); failing that, the fix points at the line of the handler that raised.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sysconfig
+from types import TracebackType
+from typing import Any
+
+from handlerkit.errors import StageError
+
+__all__ = ["raised_at", "stage_error", "suggest_fix"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_HANDLERS = os.path.join(_PACKAGE, "handlers")
+
+# (substrings of "ExceptionType: message", fix, the stages it applies to or None for all)
+_FIXES: list[tuple[tuple[str, ...], str, tuple[str, ...] | None]] = [
+    (("DecompressionBombError",), "send a smaller image, or MockContext(limit_max_image_pixels=False) for trusted sources", None),
+    (("UnidentifiedImageError", "cannot identify image file"), "the request body is not an image: send PNG/JPEG bytes as the body or the 'data' field", None),
+    (("image file is truncated", "broken data stream", "Truncated"), "the image is truncated or corrupt: re-send the complete file", None),
+    (("UnicodeDecodeError",), "the body is not UTF-8: send text with content-type text/plain; charset=utf-8, or decode with errors='replace'", None),
+    (("Expected all tensors to be on the same device", "device type"), "move the input to self.device in preprocess (or the model in initialize)", None),
+    (("mat1 and mat2 shapes cannot be multiplied", "size mismatch", "shape", "Given groups", "expected input"), "the preprocessed tensor's shape does not fit the model: compare h.results['preprocess'].tensors with the model's expected input", None),
+    (("NoneType' object is not callable", "'NoneType' object has no attribute"), "the model or a field is None: did initialize run and succeed? run h.initialize() first", None),
+    (("KeyError",), "a request lacks the field the handler reads: TorchServe puts a raw body under 'body' and form fields under their names ('data')", ("preprocess", "handle")),
+    (("stack expects each tensor to be equal size",), "preprocess must give every request the same shape: resize or pad in image_processing", None),
+    (("out of memory", "MemoryError"), "lower the batch size or the input size (TorchServe answers 507)", None),
+]
+
+
+def suggest_fix(stage: str, exc: BaseException) -> str | None:
+    """The fix for an exception raised in ``stage``: its own ``fix`` when it carries one, else
+    a fix for the usual ways a stage fails, else None."""
+    own = getattr(exc, "fix", None)
+    if isinstance(own, str) and own:
+        return own
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None:
+        own = getattr(cause, "fix", None)
+        if isinstance(own, str) and own:
+            return own
+        text += f" {type(cause).__name__}: {cause}"
+    for needles, fix, stages in _FIXES:
+        if (stages is None or stage in stages) and any(n in text for n in needles):
+            return fix
+    if stage == "initialize":
+        return "check the model dir, manifest and model-config.yaml the context points at"
+    return None
+
+
+def _library_file(path: str) -> bool:
+    """Files of the standard library, installed packages, and handlerkit's own machinery
+    (its handlers are user-facing code, so they do not count)."""
+    path = os.path.abspath(path)
+    if path.startswith(_PACKAGE + os.sep) and not path.startswith(_HANDLERS + os.sep):
+        return True
+    if path.startswith("<"):
+        return True
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        root = sysconfig.get_paths().get(key)
+        if root and path.startswith(os.path.abspath(root) + os.sep):
+            return True
+    return False
+
+
+def raised_at(exc: BaseException, files: set[str] | frozenset[str] = frozenset()) -> tuple[str, int, str] | None:
+    """``(file, line, source text)`` of the innermost frame of ``exc``'s traceback in ``files``
+    (the handler's own source files), else in any code that is not a library, else None."""
+    frames: list[tuple[str, int]] = []
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    wanted = {os.path.abspath(f) for f in files}
+    chosen = next((f for f in reversed(frames) if os.path.abspath(f[0]) in wanted), None)
+    if chosen is None:
+        chosen = next((f for f in reversed(frames) if not _library_file(f[0])), None)
+    if chosen is None:
+        return None
+    filename, line = chosen
+    return filename, line, linecache.getline(filename, line).strip()
+
+
+def stage_error(
+    stage: str,
+    exc: BaseException,
+    *,
+    handler: str,
+    request_index: int | None,
+    handler_files: set[str] | frozenset[str] = frozenset(),
+) -> StageError:
+    """The :class:`StageError` for ``exc`` raised in ``stage``."""
+    where = f"request {request_index}" if request_index is not None else "the batch"
+    location = raised_at(exc, handler_files)
+    message = f"{stage} failed in {handler} for {where}: {type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+    if location is not None:
+        message += f"\n  at {location[0]}:{location[1]}: {location[2]}"
+    fix = suggest_fix(stage, exc)
+    if fix is None and location is not None:
+        fix = (
+            f"{type(exc).__name__} was raised at {os.path.basename(location[0])} line {location[1]}; "
+            f"correct it there, then h.reload() and run {stage} again"
+        )
+    return StageError(
+        message,
+        stage=stage,
+        handler=handler,
+        request_index=request_index,
+        original=exc,
+        fix=fix,
+        location=location,
+    )
+
+
+def handler_files(handler: Any) -> frozenset[str]:
+    """The source files of a handler's classes (or of a function handler)."""
+    import inspect
+
+    owners = type(handler).__mro__[:-1] if not inspect.isfunction(handler) else (handler,)
+    files = set()
+    for owner in owners:
+        try:
+            files.add(os.path.abspath(inspect.getfile(owner)))
+        except (TypeError, OSError):
+            continue
+    return frozenset(files)

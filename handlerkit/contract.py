@@ -1,0 +1,163 @@
+"""The worker's contract: the stages, and the rules TorchServe 0.12 applies to ``handle``'s return.
+
+TorchServe 0.12 (``ts/service.py``, ``ts/protocol/otf_message_handler.py``) answers 503
+"Invalid model predict output" when ``handle`` returns anything but a list, 503 "number of
+batch response mismatched" when the list's length differs from the batch, and 503
+"Unsupported model output data type." when an item is neither ``str``/``bytes`` nor
+JSON-serialisable (``torch.Tensor`` items are sent as ``torch.save`` bytes). NaN is written
+as ``NaN``, which strict JSON clients reject. :func:`check_output` says so, per request, as
+:class:`Problem` data with its fix, before TorchServe turns the mistake into "worker died".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from handlerkit._describe import describe
+
+__all__ = ["STAGES", "HANDLER_STAGES", "Problem", "check_output"]
+
+#: The stage methods of TorchServe's BaseHandler that ``handle`` runs, in order.
+HANDLER_STAGES = ("preprocess", "inference", "postprocess")
+#: Every step of a handler's life the harness can run: ``initialize`` once, then the stages.
+STAGES = ("initialize", *HANDLER_STAGES)
+
+
+@dataclass
+class Problem:
+    """One broken rule: where, what, and how to fix it."""
+
+    check: str
+    message: str
+    fix: str = ""
+    stage: str | None = None
+    request_index: int | None = None
+    severity: str = "error"  # "error": TorchServe fails or clients break; "warning": surprising
+
+    def __str__(self) -> str:
+        where = f"{self.stage}: " if self.stage else ""
+        req = f"request {self.request_index}: " if self.request_index is not None else ""
+        fix = f"; fix: {self.fix}" if self.fix else ""
+        return f"{where}{req}{self.message}{fix}"
+
+
+def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> list[Problem]:
+    """The rules ``Service.predict`` and ``create_predict_response`` apply to ``handle``'s return."""
+    problems: list[Problem] = []
+    if not isinstance(output, list):
+        problems.append(
+            Problem(
+                "output-type",
+                f"must return a list with one item per request, got {describe(output)} "
+                "(TorchServe answers 503 'Invalid model predict output')",
+                "return one item per request, e.g. output.tolist() for a tensor or [result] for a single dict",
+                stage,
+            )
+        )
+        return problems
+    if batch_size is not None and len(output) != batch_size:
+        problems.append(
+            Problem(
+                "output-count",
+                f"must return one item per request: got {len(output)} item(s) for a batch of {batch_size} "
+                "(TorchServe answers 503 'number of batch response mismatched')",
+                "build the output list from the batch, one entry for every request in data",
+                stage,
+            )
+        )
+    for index, item in enumerate(output):
+        if type(item) is dict and _json_trouble(item) is None:
+            continue  # the usual item (a label → score dict) needs no more questions
+        problems.extend(_check_item(item, index, stage))
+    return problems
+
+
+_JSON_LEAVES = frozenset({str, int, bool, type(None)})
+
+
+def _json_trouble(value: Any, depth: int = 0) -> str | None:
+    """Why ``json.dumps(value, allow_nan=False)`` would fail ("nan" / "type"), or None.
+
+    A walk over the usual output shapes; far cheaper than encoding, which matters because the
+    harness checks every postprocess output. Anything unusual is left to ``json.dumps``.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "nan"
+    if depth > 50:
+        return "type"  # json.dumps would recurse too deep as well
+    if isinstance(value, dict):
+        for key in value:
+            if not (key is None or isinstance(key, (str, int, float, bool))):
+                return "type"
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        items = None
+    if items is not None:
+        for item in items:
+            kind = type(item)  # leaves (a label's score...) without a call
+            if kind is float:
+                if not math.isfinite(item):
+                    return "nan"
+            elif kind not in _JSON_LEAVES:
+                trouble = _json_trouble(item, depth + 1)
+                if trouble:
+                    return trouble
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return "nan"
+    except (TypeError, RecursionError):
+        return "type"
+    return None
+
+
+def _check_item(item: Any, index: int, stage: str) -> list[Problem]:
+    if isinstance(item, (str, bytes, bytearray)):
+        return []
+    if type(item).__module__.startswith("torch") and type(item).__name__ == "Tensor":
+        return [
+            Problem(
+                "item-type",
+                "the item is a Tensor, which TorchServe sends as torch.save bytes that an HTTP client cannot read as JSON",
+                "convert it with .tolist() (or .item() for a scalar)",
+                stage,
+                index,
+                severity="warning",
+            )
+        ]
+    trouble = _json_trouble(item)
+    if trouble == "nan":
+        return [
+            Problem(
+                "item-nan",
+                "the item contains NaN or Infinity, which TorchServe writes as NaN/Infinity: not valid JSON",
+                "look for a division by zero or an empty softmax upstream; replace non-finite values before returning",
+                stage,
+                index,
+            )
+        ]
+    if trouble == "type":
+        try:
+            json.dumps(item)
+            detail = "a value or key json cannot encode"
+        except (TypeError, ValueError, RecursionError) as exc:
+            detail = str(exc)
+        return [
+            Problem(
+                "item-serialisable",
+                f"the item is not JSON-serialisable ({detail}); TorchServe answers 503 'Unsupported model output data type.' "
+                "for the whole batch",
+                "return lists, dicts with str keys, numbers and strings (tensor.tolist(), float(x))",
+                stage,
+                index,
+            )
+        ]
+    return []

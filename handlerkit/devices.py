@@ -1,0 +1,147 @@
+"""Which accelerators exist, and which device a handler runs on.
+
+Every device decision in handlerkit goes through the availability seams here
+(:func:`cuda_available`, :func:`xpu_available`, :func:`mps_available`, :func:`xla_available`),
+so a test fakes a CUDA, XPU, MPS or XLA machine by monkeypatching one function in this
+module, with no GPU at hand. :func:`choose_device` is TorchServe's rule; :func:`device_kind`,
+:func:`needs_sync` and :func:`synchronize` serve the timers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DeviceChoice",
+    "availability",
+    "choose_device",
+    "cuda_available",
+    "device_kind",
+    "mps_available",
+    "needs_sync",
+    "synchronize",
+    "xla_available",
+    "xpu_available",
+]
+
+_SYNCED_KINDS = ("cuda", "xpu", "mps")
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def xpu_available() -> bool:
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
+
+
+def mps_available() -> bool:
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def xla_available() -> bool:
+    # find_spec does not import torch_xla (which would grab the TPU).
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def availability() -> dict[str, bool]:
+    """Availability of each accelerator kind, in handlerkit's order of preference."""
+    return {
+        "cuda": cuda_available(),
+        "xpu": xpu_available(),
+        "mps": mps_available(),
+        "xla": xla_available(),
+    }
+
+
+def xla_device() -> Any:
+    import torch_xla.core.xla_model as xm  # only reached when xla_available()
+
+    return xm.xla_device()
+
+
+@dataclass
+class DeviceChoice:
+    """The device a handler chose, and why."""
+
+    device: Any
+    kind: str
+    reason: str
+    available: dict[str, bool] = field(default_factory=dict)
+
+
+def choose_device(gpu_id: Any) -> DeviceChoice:
+    """TorchServe's device rule: CUDA when ``gpu_id`` is given → XPU → MPS → XLA → CPU.
+
+    ``gpu_id`` is the worker's ``system_properties["gpu_id"]``; ``None`` means the server
+    gave this worker no GPU, which keeps every accelerator but XLA out.
+    """
+    import torch
+
+    avail = availability()
+    if gpu_id is not None and avail["cuda"]:
+        return DeviceChoice(torch.device(f"cuda:{gpu_id}"), "cuda", f"CUDA is available and gpu_id={gpu_id!r}", avail)
+    if gpu_id is not None and avail["xpu"]:
+        return DeviceChoice(torch.device(f"xpu:{gpu_id}"), "xpu", f"XPU is available and gpu_id={gpu_id!r}", avail)
+    if gpu_id is not None and avail["mps"]:
+        return DeviceChoice(torch.device("mps"), "mps", f"MPS is available and gpu_id={gpu_id!r}", avail)
+    if avail["xla"]:
+        return DeviceChoice(xla_device(), "xla", "torch_xla is installed", avail)
+    if gpu_id is None and any(avail[k] for k in ("cuda", "xpu", "mps")):
+        found = ", ".join(k for k in ("cuda", "xpu", "mps") if avail[k])
+        reason = f"no gpu_id was given, so {found} is left unused (TorchServe does the same)"
+    else:
+        reason = "no accelerator is available"
+    return DeviceChoice(torch.device("cpu"), "cpu", reason, avail)
+
+
+def device_kind(device: Any) -> str:
+    """The device type of ``device`` (``None``, ``"cuda:0"``, ``torch.device``, …) as a string.
+
+    ``None`` means CPU. Does not import torch.
+    """
+    if device is None:
+        return "cpu"
+    kind = getattr(device, "type", None)
+    if isinstance(kind, str):
+        return kind
+    return str(device).split(":", 1)[0].strip().lower()
+
+
+def _kind_available(kind: str) -> bool:
+    if kind == "cuda":
+        return cuda_available()
+    if kind == "xpu":
+        return xpu_available()
+    if kind == "mps":
+        return mps_available()
+    return False
+
+
+def needs_sync(device: Any) -> bool:
+    """Whether timing work on ``device`` needs device synchronisation (an available
+    CUDA, XPU or MPS device); False for CPU and None."""
+    kind = device_kind(device)
+    return kind in _SYNCED_KINDS and _kind_available(kind)
+
+
+def synchronize(kind: str, device: Any = None) -> None:
+    """Wait until all work queued on ``device`` (of type ``kind``) has finished."""
+    import torch
+
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "xpu":
+        torch.xpu.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()

@@ -1,0 +1,279 @@
+"""``Harness.check``: the contract on a real batch, batch parity, and other encodings of each request.
+
+The batch runs through ``handle``; its output is checked against the worker's rules
+(:mod:`handlerkit.contract`); each request then runs alone and must give what it gave in the
+batch (batch parity); and each request is re-sent the other ways TorchServe clients send the
+same payload (another field name, ``bytes``, base64, raw JSON bytes).
+
+Parity is only judged where it can be: every run starts from the same RNG seed (and the RNG
+states are put back after), and the batch is run twice more first — with the same seed, to see
+whether the handler keeps state across calls (a stateful handler, ``examples/stateful``), and
+with another seed, to see whether its outputs depend on random numbers it draws per batch
+(``examples/dcgan_fashiongen``). Either way the report says "cannot judge" and why, instead of
+blaming the handler for a difference it means to make.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import random
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlerkit._render import Rendered, Table
+from handlerkit.contract import Problem, check_output
+from handlerkit.diagnostics._view import HarnessView
+from handlerkit.errors import StageError
+
+__all__ = ["CheckReport", "run_checks", "same_output"]
+
+_SEED = 20_240_917
+
+
+# ---------------------------------------------------------------------------- comparison
+def same_output(a: Any, b: Any, atol: float = 1e-4, rtol: float = 1e-4) -> bool:
+    """Structural equality with a numeric tolerance (dict key order ignored)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+            return True
+        return abs(a - b) <= atol + rtol * abs(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_output(a[k], b[k], atol, rtol) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_output(x, y, atol, rtol) for x, y in zip(a, b))
+    if hasattr(a, "shape") and hasattr(b, "shape"):
+        import torch
+
+        return bool(a.shape == b.shape and torch.allclose(a.float().cpu(), b.float().cpu(), atol=atol, rtol=rtol))
+    return a == b
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to 4 significant digits, so messages read well and stay stable across CPUs."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rounded(v) for v in value)
+    return value
+
+
+def _short(value: Any, n: int = 80) -> str:
+    text = repr(_rounded(value))
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+# ---------------------------------------------------------------------------- the report
+@dataclass(repr=False)
+class CheckReport(Rendered):
+    """What :meth:`Harness.check` found: ``.ok`` is False when any error-level problem exists.
+
+    Attributes:
+        handler / batch_size: what was checked.
+        problems: every broken rule, as :class:`~handlerkit.contract.Problem` (with its fix).
+        statuses: per request, the ``(code, phrase)`` the handler set.
+        encodings: ``(request, variant, outcome)`` for each other encoding tried.
+        parity: ``(request, verdict)``: same alone and in the batch, different, or
+            "cannot judge: <why>".
+        notes: facts about how the checks ran (state or randomness found).
+    """
+
+    handler: str
+    batch_size: int
+    problems: list[Problem] = field(default_factory=list)
+    statuses: list[tuple[int, Any]] = field(default_factory=list)
+    encodings: list[tuple[int, str, str]] = field(default_factory=list)
+    parity: list[tuple[int, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+    def _summary(self) -> str:
+        errors = sum(p.severity == "error" for p in self.problems)
+        verdict = "ok" if self.ok else f"{errors} problem(s)"
+        return f"check of {self.handler} on {self.batch_size} request(s): {verdict}"
+
+    def _tables(self) -> list[Table]:
+        problems = [
+            [p.severity, p.check, "" if p.request_index is None else p.request_index, p.message, p.fix]
+            for p in self.problems
+        ]
+        return [
+            Table(("severity", "check", "request", "problem", "fix"), problems),
+            Table(("request", "encoding", "outcome"), [list(e) for e in self.encodings]),
+            Table(("request", "batch parity"), [list(p) for p in self.parity]),
+        ]
+
+    def _notes(self) -> list[str]:
+        return list(self.notes)
+
+
+# ---------------------------------------------------------------------------- running
+@contextlib.contextmanager
+def _rng_states() -> Iterator[None]:
+    """Put the Python, NumPy and torch random states back after the checks' seeded runs."""
+    python_state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    torch = sys.modules.get("torch")
+    torch_state = torch.random.get_rng_state() if torch is not None else None
+    cuda_states = torch.cuda.get_rng_state_all() if torch is not None and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+        if torch_state is not None:
+            torch.random.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)  # every device's generator
+
+
+def _run_output(harness: HarnessView, batch: Any, seed: int = _SEED) -> tuple[Any, StageError | None]:
+    _seed(seed)
+    try:
+        return harness.run(batch).output, None
+    except StageError as exc:
+        return None, exc
+
+
+def _first_line(error: StageError) -> str:
+    return error.message.splitlines()[0]
+
+
+def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float = 1e-4) -> CheckReport:
+    """Run the batch, then each request alone and in other encodings, and compare."""
+    from handlerkit.requests import Batch
+
+    report = CheckReport(handler=harness.name, batch_size=len(batch))
+    with harness.preserved(), _rng_states(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full, error = _run_output(harness, batch)
+        if error is not None:
+            report.problems.append(Problem("runs", _first_line(error), error.fix or "", error.stage, error.request_index))
+            return report
+        report.problems.extend(check_output(full, len(batch), stage="handle"))
+        report.statuses = [harness.context.get_response_status(i) for i in range(len(batch))]
+        for i, (code, _phrase) in enumerate(report.statuses):
+            if not isinstance(code, int) or not 100 <= code <= 599:
+                report.problems.append(
+                    Problem("status", f"response status {code!r} is not an HTTP status code", "use context.set_response_status(code, phrase, idx) with 100..599", "handle", i)
+                )
+        if not isinstance(full, list) or len(full) != len(batch):
+            return report  # parity and encodings compare per-request items
+        reason = _why_parity_cannot_be_judged(harness, batch, full, atol, rtol)
+        parts = batch.split()
+        if reason is not None:
+            report.notes.append(f"batch parity and encodings not judged: {reason}")
+            report.parity = [(i, f"cannot judge: {reason}") for i in range(len(parts))]
+            return report
+        singles = _parity(harness, parts, full, report, atol, rtol)
+        for i, part in enumerate(parts):
+            baseline = singles[i]
+            if baseline is None:
+                continue
+            for variant, data in _encodings(part.data[0]):
+                out, err = _run_output(harness, Batch.coerce([data], decode=batch.decode))
+                outcome, message, fix = _judge(out, err, baseline, atol, rtol)
+                report.encodings.append((i, variant, outcome))
+                if message is not None:
+                    report.problems.append(Problem("encoding", f"as {variant}: {message}", fix, "handle", i, severity="warning"))
+    return report
+
+
+def _why_parity_cannot_be_judged(harness: HarnessView, batch: Any, full: Any, atol: float, rtol: float) -> str | None:
+    """Why comparing requests alone with the batch would prove nothing, or None."""
+    again, error = _run_output(harness, batch)
+    if error is not None or not same_output(again, full, atol, rtol):
+        return "the same batch gives different outputs twice in a row from the same seed: the handler keeps state across calls"
+    reseeded, error = _run_output(harness, batch, seed=_SEED + 1)
+    if error is not None or not same_output(reseeded, full, atol, rtol):
+        return "the outputs change with the random seed: the handler draws random numbers per batch"
+    return None
+
+
+def _parity(harness: HarnessView, parts: list[Any], full: list[Any], report: CheckReport, atol: float, rtol: float) -> list[Any]:
+    """Each request alone against its place in the batch; the alone outputs, None where it failed."""
+    singles = []
+    for i, part in enumerate(parts):
+        alone, err = _run_output(harness, part)
+        singles.append(alone[0] if err is None and isinstance(alone, list) and alone else None)
+        if err is not None:
+            report.parity.append((i, f"fails alone: {_first_line(err)}"))
+            report.problems.append(Problem("batch-parity", f"fails alone but not in the batch: {_first_line(err)}", err.fix or "", err.stage, i))
+    for i, alone in enumerate(singles):
+        if alone is None:
+            continue
+        if same_output(alone, full[i], atol, rtol):
+            report.parity.append((i, "same alone and in the batch"))
+            continue
+        moved = [j for j, item in enumerate(full) if j != i and same_output(alone, item, atol, rtol)]
+        if moved:
+            message = f"alone it gives the output that the batch returns at position {moved[0]}: outputs come back in the wrong order"
+        else:
+            message = f"alone gives {_short(alone)}, in the batch {_short(full[i])}"
+        report.parity.append((i, message))
+        report.problems.append(
+            Problem(
+                "batch-parity",
+                message,
+                "keep requests independent: no statistics over the batch (BatchNorm in train mode, "
+                "normalising by the batch max, padding to the longest request); keep outputs in request order",
+                "handle",
+                i,
+            )
+        )
+    return singles
+
+
+def _encodings(row: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The same payload as TorchServe clients send it in other ways."""
+    name, value = next(iter(row.items())) if row else ("body", None)
+    other = "data" if name == "body" else "body"
+    yield f"field '{other}' instead of '{name}'", {other: value}
+    if isinstance(value, bytearray):
+        yield "bytes instead of bytearray", {name: bytes(value)}
+        yield "base64 str (JSON clients)", {name: base64.b64encode(bytes(value)).decode("ascii")}
+    elif isinstance(value, (dict, list)):
+        yield "raw JSON bytes (no content-type)", {name: bytearray(json.dumps(value).encode("utf-8"))}
+    elif isinstance(value, str):
+        yield "raw bytes (no content-type)", {name: bytearray(value.encode("utf-8"))}
+
+
+def _judge(out: Any, err: StageError | None, baseline: Any, atol: float, rtol: float) -> tuple[str, str | None, str]:
+    """``(outcome, problem or None, fix)`` of one other encoding."""
+    if err is not None:
+        original = err.original
+        if getattr(original, "fix", None):  # the handler refused it and said what to send
+            return f"refused clearly: {getattr(original, 'message', str(original)).splitlines()[0][:90]}", None, ""
+        return (
+            f"fails: {type(original).__name__ if original else 'error'}",
+            f"the handler fails with {type(original).__name__}: {original}",
+            "accept this encoding or refuse it with an error that says what to send (RequestError(..., fix=...))",
+        )
+    item = out[0] if isinstance(out, list) and out else out
+    if same_output(item, baseline, atol, rtol):
+        return "same output", None, ""
+    return "different output", f"gives {_short(item)} instead of {_short(baseline)}", "decode every accepted encoding to the same input"

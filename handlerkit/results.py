@@ -1,0 +1,177 @@
+"""What the harness keeps: one :class:`StageResult` per stage, one :class:`Run` per batch.
+
+Both render themselves (``repr`` one line, ``str`` a table, HTML in Jupyter) through
+:class:`handlerkit._render.Rendered`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlerkit._describe import TensorInfo, describe, tensor_infos
+from handlerkit._render import Rendered, Table
+from handlerkit._text import format_bytes
+from handlerkit.errors import StageError
+
+__all__ = ["LogEntry", "Run", "StageResult", "TensorInfo"]
+
+
+@dataclass(slots=True)
+class LogEntry:
+    """One log record emitted during a stage."""
+
+    level: str
+    logger: str
+    message: str
+
+
+@dataclass(slots=True, repr=False)
+class StageResult(Rendered):
+    """What one stage took and gave.
+
+    Attributes:
+        stage: the stage's name.
+        input / output: what the stage received and returned (``output`` is None on error).
+            When ``handle`` called the stage more than once in one run (micro-batching),
+            both are lists holding each call's value, in call order.
+        calls: how many times the stage ran in this result (1 for a single step).
+        wall_ms: wall-clock time (summed over calls); ``device_ms``: device-synchronised time
+            on an accelerator.
+        cpu_peak_bytes / cpu_peak_delta_bytes / cuda_peak_bytes: peak memory during the stage.
+        tensors: devices, dtypes and shapes of the output's tensors (``input_tensors`` likewise).
+        logs, warnings: records emitted during the stage.
+        metrics: metric records the handler added during the stage.
+        error: the :class:`~handlerkit.errors.StageError`, when the stage raised.
+        problems: contract problems (:class:`~handlerkit.contract.Problem`) found in the output.
+        called_stages: for a ``handle`` stage, the stage methods ``handle`` called.
+    """
+
+    stage: str
+    input: Any = None
+    output: Any = None
+    wall_ms: float = 0.0
+    device_ms: float | None = None
+    cpu_peak_bytes: int | None = None
+    cpu_peak_delta_bytes: int | None = None
+    cuda_peak_bytes: int | None = None
+    logs: list[LogEntry] = field(default_factory=list)
+    warnings: list[warnings.WarningMessage] = field(default_factory=list)
+    metrics: list[Any] = field(default_factory=list)
+    error: StageError | None = None
+    problems: list[Any] = field(default_factory=list)
+    called_stages: list[str] | None = None
+    calls: int = 1
+
+    _tensors: list[TensorInfo] | None = field(default=None, repr=False)
+    _input_tensors: list[TensorInfo] | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def tensors(self) -> list[TensorInfo]:
+        """Devices, dtypes and shapes of the output's tensors (found on first access)."""
+        if self._tensors is None:
+            self._tensors = tensor_infos(self.output)
+        return self._tensors
+
+    @property
+    def input_tensors(self) -> list[TensorInfo]:
+        if self._input_tensors is None:
+            self._input_tensors = tensor_infos(self.input)
+        return self._input_tensors
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({t.device for t in self.tensors + self.input_tensors})
+
+    def _summary(self) -> str:
+        if self.ok:
+            status = "ok"
+        else:
+            original = self.error.original if self.error is not None else None
+            status = f"error={type(original).__name__ if original is not None else 'StageError'}"
+        calls = f" {self.calls} calls" if self.calls != 1 else ""
+        return f"{self.stage} {status}{calls} {self.wall_ms:.2f} ms output={describe(self.output)}"
+
+    def _tables(self) -> list[Table]:
+        rows: list[tuple[str, Any]] = [("status", "ok" if self.ok else f"error: {self.error}")]
+        if self.calls != 1:
+            rows.append(("calls", self.calls))
+        rows.append(("wall", f"{self.wall_ms:.2f} ms"))
+        if self.device_ms is not None:
+            rows.append(("device time", f"{self.device_ms:.2f} ms"))
+        if self.cpu_peak_delta_bytes is not None:
+            rows.append(("peak memory (CPU, above start)", format_bytes(self.cpu_peak_delta_bytes)))
+        if self.cuda_peak_bytes is not None:
+            rows.append(("peak memory (CUDA)", format_bytes(self.cuda_peak_bytes)))
+        rows.append(("output", describe(self.output)))
+        for t in self.tensors[:8]:
+            rows.append((f"tensor {t.path}", f"{list(t.shape)} {t.dtype} on {t.device}"))
+        for w in self.warnings[:5]:
+            rows.append(("warning", f"{w.category.__name__}: {w.message}"))
+        for entry in self.logs[:5]:
+            rows.append(("log", f"{entry.level} {entry.logger}: {entry.message}"))
+        for m in self.metrics[:5]:
+            rows.append(("metric", f"{m.name} = {m.value} {m.unit}"))
+        for p in self.problems[:5]:
+            rows.append(("problem", str(p)))
+        return [Table(("", ""), rows)]
+
+
+@dataclass(slots=True, repr=False)
+class Run(Rendered):
+    """All stages of one batch: ``output`` is what ``handle`` returned.
+
+    Attributes:
+        output: ``handle``'s return value.
+        stages: ``initialize`` and then each stage ``handle`` ran, in the order it first ran
+            them; a single ``handle`` stage when it ran none of the stage methods.
+        batch_size: requests in the batch.
+        mode: ``"stages"`` (preprocess → inference → postprocess), ``"explain"``,
+            ``"describe"``, or ``"handle"`` (handle ran no stage method).
+        handle_ms: the whole ``handle`` call, stages and what ``handle`` did around them.
+    """
+
+    output: Any
+    stages: dict[str, StageResult]
+    batch_size: int
+    mode: str = "stages"
+    handle_ms: float | None = None
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return {name: r.wall_ms for name, r in self.stages.items()}
+
+    @property
+    def total_ms(self) -> float:
+        """``handle``'s time when measured, else the stages' sum (``initialize`` excluded)."""
+        if self.handle_ms is not None:
+            return self.handle_ms
+        return sum(r.wall_ms for name, r in self.stages.items() if name != "initialize")
+
+    @property
+    def problems(self) -> list[Any]:
+        return [p for r in self.stages.values() for p in r.problems]
+
+    def _summary(self) -> str:
+        problems = self.problems
+        verdict = f", {len(problems)} problem(s)" if problems else ""
+        return f"Run of {self.batch_size} request(s), {self.total_ms:.2f} ms{verdict}"
+
+    def _tables(self) -> list[Table]:
+        rows = [
+            [name, r.calls, round(r.wall_ms, 3), describe(r.output)] for name, r in self.stages.items()
+        ]
+        tables = [Table(("stage", "calls", "wall ms", "output"), rows)]
+        problems = self.problems
+        if problems:
+            problem_rows = [
+                [p.severity, p.stage or "", "" if p.request_index is None else p.request_index, p.message, p.fix]
+                for p in problems
+            ]
+            tables.append(Table(("severity", "stage", "request", "problem", "fix"), problem_rows, "contract problems"))
+        return tables

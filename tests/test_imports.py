@@ -1,0 +1,212 @@
+"""The package's import graph: layers, each using only the ones below it, and no cycles.
+
+Every ``import`` in handlerkit's source counts, the lazy ones inside functions too (a lazy
+import defers the cost, not the dependency). The layers are DESIGN.md §3's, with one change:
+the diagnostics read a harness only through a ``Protocol`` (``diagnostics/_view.py``) and the
+records in ``results.py``, never the ``Harness`` class, so they sit *below* it, and
+``h.check()``/``h.time()``/``h.device_report()`` are downward calls:
+
+1. base: errors, private helpers;  2. the TorchServe model;  3. handlers;  4. the harness's
+records (results, capture, recorder, failures);  5. diagnostics;  6. the Harness;  7. front
+ends.  The package ``__init__`` is the facade above them all.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "handlerkit"
+
+LAYERS: dict[str, int] = {
+    # 1. base
+    "handlerkit.errors": 1,
+    "handlerkit._text": 1,
+    "handlerkit._render": 1,
+    "handlerkit._stack": 1,
+    "handlerkit._describe": 1,
+    "handlerkit._optional": 1,
+    "handlerkit._validate": 1,
+    # 2. the TorchServe model
+    "handlerkit.devices": 2,
+    "handlerkit.timer": 2,
+    "handlerkit.memory": 2,
+    "handlerkit.contract": 2,
+    "handlerkit.context": 2,
+    "handlerkit.metrics": 2,
+    "handlerkit.metrics_config": 2,
+    "handlerkit.requests": 2,
+    "handlerkit.batches": 2,
+    "handlerkit._wire": 2,
+    "handlerkit.envelopes": 2,
+    "handlerkit.modeldir": 2,
+    "handlerkit.config": 2,
+    "handlerkit.pt2": 2,
+    "handlerkit.loading": 2,
+    "handlerkit.isolation": 2,
+    "handlerkit.formats": 2,
+    "handlerkit.archive": 2,
+    # 3. handlers
+    "handlerkit.handlers": 3,
+    # 4. the harness's records
+    "handlerkit.results": 4,
+    "handlerkit._capture": 4,
+    "handlerkit._recorder": 4,
+    "handlerkit._failures": 4,
+    # 5. diagnostics
+    "handlerkit.diagnostics": 5,
+    # 6. the Harness
+    "handlerkit.harness": 6,
+    # 7. front ends
+    "handlerkit.cli": 7,
+    "handlerkit.viz": 7,
+    "handlerkit.widgets": 7,
+    "handlerkit.pytest_plugin": 7,
+    "handlerkit.serving": 7,
+    # the facade
+    "handlerkit": 8,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a module: its own entry, else its package's (``handlers.base`` → handlers)."""
+    name = module
+    while name:
+        if name in LAYERS:
+            return LAYERS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "assets" not in p.parts}
+
+
+def imports_of(module: str, path: Path) -> set[str]:
+    """The handlerkit modules ``module`` imports (resolving ``from pkg import submodule``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = []
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                names.append(candidate if candidate in MODULES else base)
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name.startswith("handlerkit") and name != module:
+                found.add(name)
+    return found
+
+
+GRAPH = {module: imports_of(module, path) for module, path in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in MODULES if layer_of(m) is None)
+    assert not unplaced, f"give these modules a layer in LAYERS (DESIGN.md §3): {unplaced}"
+
+
+def test_no_module_imports_from_a_layer_above():
+    upward = []
+    for module, targets in GRAPH.items():
+        if module == "handlerkit":
+            continue  # the facade re-exports everything, lazily
+        for target in targets:
+            if target == "handlerkit":
+                continue  # `from handlerkit import __version__`
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{module} (layer {layer_of(module)}) imports {target} (layer {layer_of(target)})")
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(GRAPH.get(node, ())):
+            if target == "handlerkit" or node == "handlerkit":
+                continue
+            if state.get(target) == 1:
+                cycles.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_checker_sees_cycles_and_upward_imports(tmp_path):
+    """The walker above is only worth its verdicts if it finds a planted violation."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from handlerkit.harness import Harness\n\ndef f():\n    from handlerkit.diagnostics import checks\n")
+    found = imports_of("handlerkit.errors", planted)
+    assert found == {"handlerkit.harness", "handlerkit.diagnostics.checks"}
+    assert all(layer_of(t) > layer_of("handlerkit.errors") for t in found)
+
+
+def test_no_module_is_longer_than_one_sitting():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, f"split these modules (≲ 500 lines each): {long}"
+
+
+def test_import_handlerkit_and_mock_context_load_no_torchserve_module():
+    """torchserve is installed in the test environment; handlerkit must not pull it in."""
+    pytest.importorskip("ts")
+    code = (
+        "import sys, handlerkit as hk\n"
+        "hk.MockContext; hk.Request; hk.batch; hk.errors if hasattr(hk, 'errors') else None\n"
+        "import handlerkit.errors\n"
+        "print(sorted(m for m in sys.modules if m == 'ts' or m.startswith('ts.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(ROOT))
+    assert out.stdout.strip() == "[]"
+
+
+def test_prediction_exception_joins_torchserve_class_whenever_torchserve_is_loaded():
+    """Under TorchServe's worker ts.utils.util is imported before the handler; in a notebook it
+    may come later. Either way `except ts.utils.util.PredictionException` must catch ours."""
+    pytest.importorskip("ts")
+    for order in ("handlerkit first", "torchserve first"):
+        first, second = ("import handlerkit.errors as e", "import ts.utils.util as u")
+        if order == "torchserve first":
+            first, second = second, first
+        code = (
+            f"{first}\n{second}\n"
+            "try:\n    raise e.RequestError('bad image', 1, fix='send a PNG')\n"
+            "except u.PredictionException as exc:\n    print(exc.error_code, exc.fix)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), env={**os.environ})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "400 send a PNG", order
