@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import inspect
 import os
-import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -44,6 +42,7 @@ from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.isolation import model_dir_imports
 from handlerkit.requests import Batch
 from handlerkit.results import Run, StageResult
+from handlerkit.timer import Timer
 
 __all__ = ["Harness"]
 
@@ -338,7 +337,6 @@ class Harness:
 
     def _count(self) -> int | None:
         return len(self.batch) if self.batch is not None else None
-
     def _last_output(self, stage: str, wanted_by: str) -> Any:
         result = self.results.get(stage)
         if result is None or not result.ok:
@@ -382,12 +380,13 @@ class Harness:
             marks = (len(self._capture.warnings), len(self._capture.logs), recorder.metrics.mark() if recorder.metrics is not None else 0)
             data, entry, error, output = batch.data, self.entry, None, None
             with recorder.spying(self.handler):
+                timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
                 t0 = time.perf_counter_ns()
                 try:
                     output = entry(data, self.context)
                 except Exception as exc:
                     error = exc
-                handle_ms = (time.perf_counter_ns() - t0) / 1e6
+                handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
             if not built or error is not None and recorder.failed(error) is None:
                 built.append(self._handle_result(data, output, handle_ms, marks, recorder))
@@ -416,16 +415,9 @@ class Harness:
     def _handle_result(self, data: Any, output: Any, handle_ms: float, marks: tuple[int, int, int], recorder: Recorder) -> StageResult:
         """The single ``handle`` stage of a run in which handle called no stage method."""
         capture, metrics = self._capture, recorder.metrics
-        result = StageResult(
-            "handle",
-            data,
-            output,
-            handle_ms,
-            warnings=capture.warnings[marks[0]:],
-            logs=capture.logs[marks[1]:],
-            metrics=metrics.since(marks[2]) if metrics is not None else [],
-            called_stages=[],
-        )
+        records = metrics.since(marks[2]) if metrics is not None else []
+        result = StageResult("handle", data, output, handle_ms, warnings=capture.warnings[marks[0]:],
+                             logs=capture.logs[marks[1]:], metrics=records, called_stages=[])
         self.results["handle"] = result
         return result
 
@@ -484,35 +476,12 @@ class Harness:
         handler's class swapped for the new definition (``initialize`` is not re-run).
         Results of preprocess and later are dropped.
         """
-        from handlerkit.isolation import exec_source
+        from handlerkit._reload import reexecuted
 
         self._import_dir = self._existing_model_dir()
         target = self.function if self.is_function else type(self.handler)
         with self.imports(max_age=0):  # a model-dir module is in sys.modules only inside this block
-            module = sys.modules.get(target.__module__)
-            path = getattr(module, "__file__", None)
-            if module is None or not path or not os.path.isfile(path):
-                raise HandlerkitError(
-                    f"cannot reload {self.name}: its module {target.__module__!r} has no source file",
-                    fix="define the handler in a .py file (the model dir's handler.py) to reload it",
-                )
-            spec = importlib.util.spec_from_file_location(module.__name__, path)
-            if spec is None or spec.loader is None:
-                raise HandlerkitError(f"cannot reload {self.name}: no loader for {path}")
-            fresh = importlib.util.module_from_spec(spec)
-            try:
-                exec_source(fresh, path)
-            except Exception as exc:
-                error = _failures.stage_error("reload", exc, handler=self.name, request_index=None, handler_files=frozenset({path}))
-                error.message = f"reload of {path} failed, the handler keeps its previous code: {error.message}"
-                raise error from exc
-            replacement = getattr(fresh, target.__name__, None)
-            if replacement is None:
-                raise HandlerkitError(
-                    f"reload of {path}: it no longer defines {target.__name__}; the handler keeps its previous code",
-                    fix=f"define {target.__name__} again in {os.path.basename(path)}, or build a new Harness",
-                )
-            sys.modules[module.__name__] = fresh
+            replacement = reexecuted(target, self.name)
         if self.is_function:
             self.function = replacement
         else:

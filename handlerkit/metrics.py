@@ -7,6 +7,9 @@
 every value as a :class:`MetricRecord` instead of logging it, so a notebook or a test can read
 them back (``find``, ``last``, ``mark``/``since``).
 
+Given a metrics config (:mod:`handlerkit.metrics_config`: TorchServe's metrics YAML) the store is
+the one TorchServe's worker builds from it; without one it is permissive (see the class).
+
 Nothing here imports ``ts`` or ``torch``.
 """
 
@@ -17,22 +20,26 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, NamedTuple
 
 from handlerkit._stack import user_stacklevel as _user_stacklevel
 from handlerkit.errors import HandlerkitWarning
+from handlerkit.metrics_config import (
+    MetricsConfig,
+    MetricType,
+    UndeclaredMetricError,
+    _metric_type,
+    undeclared_error,
+)
 
-__all__ = ["Dimension", "MetricRecord", "MetricType", "RecordedMetric", "RecordingMetrics"]
-
-
-
-class MetricType(Enum):
-    """A metric's type; TorchServe's ``ts.metrics.metric_type_enum.MetricTypes`` is accepted too."""
-
-    COUNTER = "counter"
-    GAUGE = "gauge"
-    HISTOGRAM = "histogram"
+__all__ = [
+    "Dimension",
+    "MetricRecord",
+    "MetricType",
+    "RecordedMetric",
+    "RecordingMetrics",
+    "UndeclaredMetricError",
+]
 
 
 # TorchServe's ts/metrics/unit.py: the unit names written in its metric log lines.
@@ -48,22 +55,6 @@ _UNIT_NAMES: dict[str | None, str] = {
     "": "unit",
     None: "unit",
 }
-
-
-def _metric_type(value: Any) -> MetricType:
-    """Our MetricType, TorchServe's MetricTypes (compared by value) or a type name."""
-    if isinstance(value, MetricType):
-        return value
-    raw = getattr(value, "value", value)
-    if isinstance(raw, str):
-        try:
-            return MetricType(raw.lower())
-        except ValueError:
-            pass
-    raise TypeError(
-        f"metric_type must be a MetricType (COUNTER, GAUGE or HISTOGRAM; TorchServe's "
-        f"MetricTypes works too): got {value!r}"
-    )
 
 
 class Dimension(NamedTuple):
@@ -234,18 +225,31 @@ class RecordingMetrics:
         m.since(start)[0].unit       # 'ms'
         m.last("HandlerTime").value  # 12.5
 
+    With ``config`` (a :class:`~handlerkit.metrics_config.MetricsConfig`) it is the store
+    TorchServe's worker builds from that metrics YAML: its ``model_metrics`` are declared up
+    front, so ``get_metric("HandlerTime", MetricTypes.GAUGE)`` works where it works in the
+    server and raises :class:`UndeclaredMetricError` (a ``KeyError``) where it fails there;
+    metric types must be enum members (TorchServe rejects ``"gauge"``) and dimension names a
+    list. Without a config nothing is declared up front and type names are accepted.
+
     Attributes:
         model_name: written into the ``ModelName`` dimension.
         request_ids: batch index → request id, set per batch (as ``Service.predict`` does).
         records: every value recorded, oldest first.
+        config: the metrics config followed, or None (permissive).
     """
 
-    def __init__(self, model_name: str | None = None, request_ids: Any = None) -> None:
+    def __init__(
+        self, model_name: str | None = None, request_ids: Any = None, *, config: MetricsConfig | None = None
+    ) -> None:
         self.model_name = model_name
         self.request_ids = request_ids
         self.records: list[MetricRecord] = []
         self.cache: dict[MetricType, dict[str, RecordedMetric]] = {}
+        self.config = config
         self._dropped = 0  # records removed by clear(), so marks stay valid
+        for spec in config.model_metrics if config is not None else ():  # as initialize_cache does
+            self._declare(spec.name, spec.unit, list(spec.dimensions), spec.metric_type)
 
     # -- TorchServe's API ----------------------------------------------------------------
 
@@ -324,7 +328,11 @@ class RecordingMetrics:
         dimension_names: Sequence[str] | None = None,
         metric_type: Any = MetricType.COUNTER,
     ) -> RecordedMetric:
-        """Declare a metric (replacing one of the same name and type) and return it.
+        """Declare a metric (replacing one of the same name and type, as TorchServe does) and return it.
+
+        With a config, replacing a metric the config declares with another unit or other
+        dimension names issues a :class:`HandlerkitWarning`: TorchServe's frontend still
+        expects what the YAML declares.
 
         Raises:
             TypeError: a name or unit that is not a str, dimension names that are not a list,
@@ -334,28 +342,51 @@ class RecordingMetrics:
             raise TypeError(f"`metric_name` must be a str: got {metric_name!r}")
         if not isinstance(unit, str):
             raise TypeError(f"`unit` must be a str: got {unit!r}")
-        if dimension_names and not isinstance(dimension_names, (list, tuple)):
+        allowed = list if self.config is not None else (list, tuple)  # TorchServe wants a list
+        if dimension_names and not isinstance(dimension_names, allowed):
             raise TypeError(
                 f"`dimension_names` should be a list of dimension name strings: got {dimension_names!r}"
             )
-        kind = _metric_type(metric_type)
-        metric = RecordedMetric(self, metric_name, unit, dimension_names, kind)
-        self.cache.setdefault(kind, {})[metric_name] = metric
-        return metric
+        kind = _metric_type(metric_type, strict=self.config is not None)
+        spec = self.config.get(metric_name, kind) if self.config is not None else None
+        if spec is not None and (unit, tuple(dimension_names or ())) != (spec.unit, spec.dimensions):
+            warnings.warn(
+                f"handlerkit: add_metric_to_cache({metric_name!r}) replaces the {kind.value} that "
+                f"{self.config.source} declares (unit {spec.unit!r}, dimensions "
+                f"{list(spec.dimensions)}) with unit {unit!r}, dimensions {list(dimension_names or [])}; "
+                "TorchServe's worker does the same, but its frontend keeps the YAML's declaration",
+                HandlerkitWarning,
+                stacklevel=_user_stacklevel(),
+            )
+        return self._declare(metric_name, unit, dimension_names, kind)
 
     def get_metric(self, metric_name: str, metric_type: Any = MetricType.COUNTER) -> RecordedMetric:
-        """A declared metric.
+        """A declared metric: from the metrics config, or by ``add_metric_to_cache`` / ``add_*``.
 
         Raises:
-            KeyError: no metric of that name and type (TorchServe raises ``MetricsCacheKeyError``).
+            UndeclaredMetricError: no metric of that name and type (a ``KeyError``, like
+                TorchServe's ``MetricsCacheKeyError``, with the same message).
+            TypeError: ``metric_name`` is not a str, or ``metric_type`` is not a metric type
+                (with a config: not an enum member, as TorchServe requires).
         """
-        kind = _metric_type(metric_type)
+        if not isinstance(metric_name, str):
+            raise TypeError(f"`metric_name` must be a str: got {metric_name!r}")
+        kind = _metric_type(metric_type, strict=self.config is not None)
         try:
             return self.cache[kind][metric_name]
         except KeyError:
-            raise KeyError(
-                f"Metric of type '{kind.value}' and name '{metric_name}' doesn't exist"
-            ) from None
+            raise undeclared_error(metric_name, kind, self.cache, self.config) from None
+
+    def undeclared_names(self) -> list[str]:
+        """Recorded metric names that the config does not declare under ``model_metrics``.
+
+        TorchServe's frontend drops the values of such metrics (matching by name) unless
+        config.properties sets ``model_metrics_auto_detect=true``. Empty without a config.
+        """
+        if self.config is None:
+            return []
+        declared = set(self.config.names())
+        return [name for name in self.names() if name not in declared]
 
     # -- reading back --------------------------------------------------------------------
 
@@ -427,7 +458,7 @@ class RecordingMetrics:
         dimensions: Any,
         metric_type: Any,
     ) -> None:
-        kind = _metric_type(metric_type)
+        kind = _metric_type(metric_type, strict=self.config is not None)
         req_id = self._get_req(idx)
         dims = _dimensions(dimensions)
         if req_id is None:
@@ -439,9 +470,12 @@ class RecordingMetrics:
         metric.add_or_update(value, list(dims.values()), req_id)
 
     def _get_or_add(self, name: str, unit: str, dims: dict, kind: MetricType) -> RecordedMetric:
-        # As in TorchServe, the first call declares the metric; later calls reuse its unit
-        # and dimension names.
-        try:
-            return self.get_metric(name, kind)
-        except KeyError:
-            return self.add_metric_to_cache(name, unit, list(dims), kind)
+        # As in TorchServe, the first call declares the metric; later calls (and a metric the
+        # config declares) keep their unit and dimension names.
+        metric = self.cache.get(kind, {}).get(name)
+        return metric if metric is not None else self._declare(name, unit, list(dims), kind)
+
+    def _declare(self, name: str, unit: str, dimension_names: Sequence[str] | None, kind: MetricType) -> RecordedMetric:
+        metric = RecordedMetric(self, name, unit, dimension_names, kind)
+        self.cache.setdefault(kind, {})[name] = metric
+        return metric

@@ -1,0 +1,52 @@
+"""``Harness.reload``'s work: execute a handler's source file afresh and hand back the new
+definition, leaving the old one in place when the new source fails."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from handlerkit import _failures
+from handlerkit.errors import HandlerkitError
+from handlerkit.isolation import exec_source
+
+__all__ = ["reexecuted"]
+
+
+def reexecuted(target: Any, name: str) -> Any:
+    """The class or function ``target`` as its module's file defines it now.
+
+    The module is executed from source (never from stale bytecode) into a fresh module object,
+    which replaces the old one in ``sys.modules`` only when it ran and still defines ``target``.
+
+    Raises:
+        StageError: the new source raised (stage ``"reload"``, with the line and the fix).
+        HandlerkitError: the module has no source file, or no longer defines ``target``.
+    """
+    module = sys.modules.get(target.__module__)
+    path = getattr(module, "__file__", None)
+    if module is None or not path or not os.path.isfile(path):
+        raise HandlerkitError(
+            f"cannot reload {name}: its module {target.__module__!r} has no source file",
+            fix="define the handler in a .py file (the model dir's handler.py) to reload it",
+        )
+    spec = importlib.util.spec_from_file_location(module.__name__, path)
+    if spec is None or spec.loader is None:
+        raise HandlerkitError(f"cannot reload {name}: no loader for {path}")
+    fresh = importlib.util.module_from_spec(spec)
+    try:
+        exec_source(fresh, path)
+    except Exception as exc:
+        error = _failures.stage_error("reload", exc, handler=name, request_index=None, handler_files=frozenset({path}))
+        error.message = f"reload of {path} failed, the handler keeps its previous code: {error.message}"
+        raise error from exc
+    replacement = getattr(fresh, target.__name__, None)
+    if replacement is None:
+        raise HandlerkitError(
+            f"reload of {path}: it no longer defines {target.__name__}; the handler keeps its previous code",
+            fix=f"define {target.__name__} again in {os.path.basename(path)}, or build a new Harness",
+        )
+    sys.modules[module.__name__] = fresh
+    return replacement
