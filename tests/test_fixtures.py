@@ -1,12 +1,14 @@
 """The committed fixtures behave as fixtures/README.md says, and the shapes generator is sound.
 
-Nothing here trains: the builder itself is checked by `python -m handlerkit._fixtures --check`.
+Nothing here trains: the builder itself is checked by `python -m fixtures.builder --check`
+(from the repository root; about a minute).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +19,8 @@ from PIL import Image, UnidentifiedImageError
 from torchvision import transforms
 from torchvision.ops import masks_to_boxes
 
-from handlerkit._fixtures import build
-from handlerkit._fixtures.shapes import CLASSES, make_shape_image, make_shapes_dataset
+from fixtures.builder import build, inputs, spec
+from fixtures.builder.shapes import CLASSES, make_shape_image, make_shapes_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
@@ -34,7 +36,7 @@ TORCHSERVE_TRANSFORM = transforms.Compose([
     transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
 ])
 
-SAMPLE_IMAGES = [(name, kind) for name, kind, _, _ in build.SAMPLES]
+SAMPLE_IMAGES = [(name, kind) for name, kind, _, _ in spec.SAMPLES]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def test_sample_image_is_predicted_as_its_class(model, name, kind):
     with torch.inference_mode():
         probs = torch.softmax(model(x), dim=1)[0]
     assert CLASSES[int(probs.argmax())] == kind
-    assert float(probs.max()) >= build.MIN_SAMPLE_CONFIDENCE
+    assert float(probs.max()) >= spec.MIN_SAMPLE_CONFIDENCE
 
 
 def test_grace_hopper_is_a_real_photo_the_model_accepts(model):
@@ -117,36 +119,69 @@ def test_model_config():
 def test_accuracy_record():
     record = json.loads((MODEL_DIR / "accuracy.json").read_text())
     assert record["held_out_accuracy"] >= 0.95
-    assert record["n_held_out"] == build.N_HELD_OUT
+    assert record["n_held_out"] == spec.N_HELD_OUT
 
 
 def test_small_files_match_the_builder():
     """Everything that needs no training is regenerated here and compared byte for byte."""
-    assert (MODEL_DIR / "model.py").read_text() == build.MODEL_SOURCE
-    assert (MODEL_DIR / "model-config.yaml").read_text() == build.MODEL_CONFIG
-    assert (MODEL_DIR / "MAR-INF" / "MANIFEST.json").read_text() == build.manifest_json()
-    assert (FIXTURES / "README.md").read_text() == build.readme()
-    images = build.sample_images()
+    assert (MODEL_DIR / "model.py").read_text() == spec.MODEL_SOURCE
+    assert (MODEL_DIR / "model-config.yaml").read_text() == spec.MODEL_CONFIG
+    assert (MODEL_DIR / "index_to_name.json").read_text() == spec.index_to_name_json()
+    assert (MODEL_DIR / "MAR-INF" / "MANIFEST.json").read_text() == spec.manifest_json()
+    assert (FIXTURES / "README.md").read_text() == spec.readme()
+    images = inputs.sample_images()
     for name, data in images.items():
         assert (FIXTURES / "images" / name).read_bytes() == data, name
-    for name, data in build.bad_inputs(images).items():
+        assert (ROOT / spec.image_path(name)).read_bytes() == data, name
+    for name, data in inputs.bad_inputs(images).items():
         assert (FIXTURES / "bad" / name).read_bytes() == data, name
 
 
-def test_demo_assets_are_copies_of_the_fixtures():
-    demo_model = sorted(p.relative_to(DEMO / "image_classifier")
-                        for p in (DEMO / "image_classifier").rglob("*") if p.is_file())
-    assert demo_model == sorted(p.relative_to(MODEL_DIR) for p in MODEL_DIR.rglob("*") if p.is_file())
-    for relative in demo_model:
-        assert (DEMO / "image_classifier" / relative).read_bytes() == (MODEL_DIR / relative).read_bytes()
-    assert sorted(p.name for p in (DEMO / "images").iterdir()) == sorted(build.DEMO_IMAGES)
-    for name in build.DEMO_IMAGES:
-        assert (DEMO / "images" / name).read_bytes() == (FIXTURES / "images" / name).read_bytes()
+def test_fixture_paths_are_symlinks_into_the_demo_assets():
+    """git keeps one copy: the model dir and the demo images link into handlerkit/assets/demo."""
+    assert spec.links() == {
+        Path("fixtures/models/image_classifier"): "../../handlerkit/assets/demo/image_classifier",
+        Path("fixtures/images/circle.png"): "../../handlerkit/assets/demo/images/circle.png",
+        Path("fixtures/images/star.jpg"): "../../handlerkit/assets/demo/images/star.jpg",
+        Path("fixtures/images/grace_hopper.jpg"): "../../handlerkit/assets/demo/images/grace_hopper.jpg",
+    }
+    for link, target in spec.links().items():
+        path = ROOT / link
+        assert path.is_symlink() and os.readlink(path) == target, link
+        assert path.resolve() == (ROOT / link.parent / target).resolve()
+        assert path.resolve().is_relative_to(DEMO.resolve()) and path.exists(), link
+    assert MODEL_DIR.resolve() == (DEMO / "image_classifier").resolve()
+    # The demo assets are real files (the wheel ships them), and only the documented ones.
+    assert all(not p.is_symlink() for p in DEMO.rglob("*"))
+    assert sorted(p.name for p in (DEMO / "images").iterdir()) == sorted(spec.DEMO_IMAGES)
+    assert sorted(p.relative_to(DEMO / "image_classifier").as_posix()
+                  for p in (DEMO / "image_classifier").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts) == sorted(
+        name.split("/", 1)[1] for name in spec.DESCRIPTIONS if name.startswith("image_classifier/"))
+
+
+def test_link_helpers_replace_copies_and_refuse_real_dirs(tmp_path):
+    """The builder turns a stale copy into the symlink, and --check tells copies from links."""
+    link, target = Path("fixtures/images/circle.png"), "../../handlerkit/assets/demo/images/circle.png"
+    (tmp_path / spec.DEMO_IMAGES_DIR).mkdir(parents=True)
+    (tmp_path / spec.DEMO_IMAGES_DIR / "circle.png").write_bytes(b"png")
+    (tmp_path / link.parent).mkdir(parents=True)
+    (tmp_path / link).write_bytes(b"png")  # a copy, as before the symlinks
+    assert build._link_problem(tmp_path / link, target) == (
+        f"expected a symlink to {target}, found a regular file or directory")
+    build._link(tmp_path / link, target)
+    assert os.readlink(tmp_path / link) == target and (tmp_path / link).read_bytes() == b"png"
+    assert build._link_problem(tmp_path / link, target) is None
+    assert build._link_problem(tmp_path / link, "elsewhere.png") == f"links to {target}, expected elsewhere.png"
+    (tmp_path / spec.MODEL_LINK).mkdir(parents=True)
+    with pytest.raises(spec.BuildError, match=r"models/image_classifier is a directory, expected a "
+                                              r"symlink to \.\./\.\./handlerkit/assets/demo/image_classifier"):
+        build._refuse_real_dirs(tmp_path)
 
 
 def test_fixture_sizes_stay_small():
-    total = sum(p.stat().st_size for d in (FIXTURES, DEMO) for p in d.rglob("*") if p.is_file())
-    assert total < 3_000_000
+    files = {p.resolve() for d in (FIXTURES, DEMO) for p in d.rglob("*") if p.is_file()}
+    assert sum(p.stat().st_size for p in files) < 3_000_000
 
 
 # --- bad inputs ------------------------------------------------------------------------------

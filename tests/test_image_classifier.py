@@ -222,7 +222,7 @@ def test_explain_gives_integrated_gradients(cnn5_dir, png):
 
 def test_fixture_model_when_present():
     if not (FIXTURE_DIR / "model.pt").is_file():
-        pytest.skip("fixtures/models/image_classifier is not built (python -m handlerkit._fixtures)")
+        pytest.skip("fixtures/models/image_classifier is not built (python -m fixtures.builder)")
     ctx = hk.MockContext.from_model_dir(FIXTURE_DIR)
     handler = ImageClassifier()
     handler.initialize(ctx)

@@ -115,7 +115,7 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name -> .mar in a fresh model store, each built by torch-model-archiver."""
     for name in ("model.py", "model.pt", "index_to_name.json", "model-config.yaml"):
         if not (MODEL_DIR / name).is_file():
-            pytest.fail(f"fixture missing: {MODEL_DIR / name}; build it with `python -m handlerkit._fixtures`")
+            pytest.fail(f"fixture missing: {MODEL_DIR / name}; build it with `python -m fixtures.builder`")
     root = tmp_path_factory.mktemp("archives")
     store = root / "store"
     specs = {

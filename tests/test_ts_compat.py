@@ -166,7 +166,7 @@ def test_torchserve_image_classifier_needs_five_classes_handlerkit_does_not(tmp_
 
 def test_torchserve_image_classifier_agrees_on_the_fixture_model():
     if not (FIXTURE_DIR / "model.pt").is_file():
-        pytest.skip("fixtures/models/image_classifier is not built (python -m handlerkit._fixtures)")
+        pytest.skip("fixtures/models/image_classifier is not built (python -m fixtures.builder)")
     images = [p.read_bytes() for p in sorted(FIXTURE_IMAGES.glob("*.png"))][:4]
     assert images, f"no PNG in {FIXTURE_IMAGES}"
     _compare_image_classifiers(FIXTURE_DIR, images)

@@ -5,8 +5,8 @@ Input: float [N, 3, 224, 224], pre-processed as TorchServe's ImageClassifier doe
 Resize(256) -> CenterCrop(224) -> ToTensor() -> Normalize(ImageNet mean, std).
 Output: logits [N, 5].
 
-Written by `python -m handlerkit._fixtures`: edit MODEL_SOURCE in handlerkit/_fixtures/build.py
-and rebuild rather than editing this file. TorchServe instantiates the one class defined here
+Written by `python -m fixtures.builder`: edit MODEL_SOURCE in fixtures/builder/spec.py and
+rebuild rather than editing this file. TorchServe instantiates the one class defined here
 with no arguments and loads model.pt into it.
 """
 
