@@ -12,12 +12,13 @@ from __future__ import annotations
 import linecache
 import os
 import sysconfig
+import warnings
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable
 
 from handlerkit.errors import StageError
 
-__all__ = ["raised_at", "stage_error", "suggest_fix"]
+__all__ = ["failing_request", "handler_files", "raised_at", "stage_error", "suggest_fix"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _HANDLERS = os.path.join(_PACKAGE, "handlers")
@@ -134,3 +135,20 @@ def handler_files(handler: Any) -> frozenset[str]:
         except (TypeError, OSError):
             continue
     return frozenset(files)
+
+
+def failing_request(preprocess: Callable[[Any], Any], batch: Any, context: Any, imports: Callable[[], Any]) -> int | None:
+    """The index of the first request whose preprocess fails alone (the context is bound back
+    to the whole batch after), or None when each passes alone."""
+    try:
+        for i, single in enumerate(batch.split()):
+            single.bind(context)
+            try:
+                with imports(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    preprocess(single.data)
+            except Exception:
+                return i
+    finally:
+        batch.bind(context)
+    return None

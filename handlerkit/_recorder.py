@@ -1,10 +1,13 @@
 """Timing, memory and records of each stage call, however the stage is reached.
 
 The harness reaches a stage in two ways: a single step (``h.preprocess(batch)``) calls it
-directly, and a run calls the handler's ``handle`` as TorchServe's worker does, with the
-handler's stage methods replaced, for the length of the call, by spies on the instance. Both
-go through :meth:`Recorder.call`, which times the call, tracks its peak memory and notes where
-its warnings, logs and metrics start and end; :meth:`Recorder.build` turns the calls into
+directly, and a run calls the handler's ``handle`` as TorchServe's worker does, and the
+handler's stage methods report to the run's recorder through :class:`Spies`: pass-through
+stand-ins put on the instance once, before ``__init__`` runs when the harness builds the
+handler, so even an object that grabs ``handler.preprocess`` in ``__init__`` (TorchServe's
+``MicroBatching`` hands it to its threads) calls through them. Both ways end in
+:meth:`Recorder.call`, which times the call, tracks its peak memory and notes where its
+warnings, logs and metrics start and end; :meth:`Recorder.build` turns the calls into
 :class:`~handlerkit.results.StageResult` s, one per stage, after the last call (so nothing but
 clock reads and list lengths happen between two stages).
 
@@ -16,8 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from handlerkit.devices import needs_sync
@@ -25,7 +27,7 @@ from handlerkit.memory import MemoryTracker
 from handlerkit.results import StageResult
 from handlerkit.timer import Timer
 
-__all__ = ["Lap", "Recorder", "SPIED"]
+__all__ = ["Lap", "Recorder", "SPIED", "Spies"]
 
 #: Handler methods a run watches, and the stage each one is.
 SPIED = (
@@ -110,51 +112,6 @@ class Recorder:
             lap.marks = (w0, l0, m0, len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0)
         return lap.output
 
-    @contextmanager
-    def spying(self, handler: Any) -> Iterator[None]:
-        """Route the handler's stage methods through :meth:`call` while the block runs.
-
-        The spies are instance attributes (an attribute the instance already had is wrapped
-        and put back), so ``handle`` — TorchServe's, a subclass's, or one set on the instance —
-        runs unchanged and calls them as it always would.
-        """
-        if handler is None:
-            yield
-            return
-        own = vars(handler) if hasattr(handler, "__dict__") else None
-        if own is None:
-            yield
-            return
-        saved: list[tuple[str, Any, bool]] = []
-        for name, stage in SPIED:
-            method = getattr(handler, name, None)
-            if not callable(method):
-                continue
-            saved.append((name, own.get(name), name in own))
-            own[name] = self._spy(stage, method)
-        try:
-            yield
-        finally:
-            for name, previous, had in saved:
-                if had:
-                    own[name] = previous
-                else:
-                    own.pop(name, None)
-
-    def _spy(self, stage: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        call = self.call
-        if stage == "describe":
-
-            def describe_spy(*args: Any, **kwargs: Any) -> Any:
-                return call(stage, lambda _none: method(*args, **kwargs), None)
-
-            return describe_spy
-
-        def spy(value: Any = None, *args: Any, **kwargs: Any) -> Any:
-            return call(stage, method, value, *args, **kwargs)
-
-        return spy
-
     def build(self, results: dict[str, StageResult]) -> list[StageResult]:
         """One StageResult per stage called, in first-call order, stored into ``results``."""
         grouped: dict[str, list[Lap]] = {}
@@ -206,3 +163,61 @@ class Recorder:
 def _peak(values: Any) -> int | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
+
+
+class Spies:
+    """Pass-through stand-ins for a handler's stage methods, put on the instance once.
+
+    While :attr:`recorder` is None (no run going on) a spy only calls the method; during a
+    run it hands the call to the recorder. A spy looks the method up on the instance's class
+    at each call, so ``Harness.reload`` (which swaps the class) takes effect; a method the
+    instance itself held before is kept and called instead.
+    """
+
+    __slots__ = ("recorder", "names")
+
+    def __init__(self, handler: Any) -> None:
+        self.recorder: Recorder | None = None
+        self.names: list[str] = []
+        own = vars(handler)
+        for name, stage in SPIED:
+            held = own.get(name)
+            held = getattr(held, "_handlerkit_held", held)  # another harness's spy: spy on what it held
+            if held is None and not callable(getattr(type(handler), name, None)):
+                continue
+            own[name] = self._spy(handler, name, stage, held)
+            self.names.append(name)
+
+    def _spy(self, handler: Any, name: str, stage: str, held: Any) -> Callable[..., Any]:
+        spies = self
+
+        def method() -> Callable[..., Any]:
+            return held if held is not None else getattr(type(handler), name).__get__(handler)
+
+        if stage == "describe":
+
+            def describe_spy(*args: Any, **kwargs: Any) -> Any:
+                recorder = spies.recorder
+                if recorder is None:
+                    return method()(*args, **kwargs)
+                return recorder.call(stage, lambda _none: method()(*args, **kwargs), None)
+
+            describe_spy._handlerkit_held = held  # type: ignore[attr-defined]
+            return describe_spy
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            recorder = spies.recorder
+            if recorder is None or not args:
+                return method()(*args, **kwargs)
+            return recorder.call(stage, method(), *args, **kwargs)
+
+        spy.__name__ = spy.__qualname__ = name
+        spy._handlerkit_held = held  # type: ignore[attr-defined]
+        return spy
+
+    @staticmethod
+    def install(handler: Any) -> Spies | None:
+        """Spies on ``handler`` (None for an object without an instance dict)."""
+        if not hasattr(handler, "__dict__"):
+            return None
+        return Spies(handler)

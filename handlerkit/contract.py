@@ -18,7 +18,7 @@ from typing import Any
 
 from handlerkit._describe import describe
 
-__all__ = ["STAGES", "HANDLER_STAGES", "Problem", "check_output"]
+__all__ = ["STAGES", "HANDLER_STAGES", "Problem", "check_output", "skipped_stages"]
 
 #: The stage methods of TorchServe's BaseHandler that ``handle`` runs, in order.
 HANDLER_STAGES = ("preprocess", "inference", "postprocess")
@@ -161,3 +161,23 @@ def _check_item(item: Any, index: int, stage: str) -> list[Problem]:
             )
         ]
     return []
+
+
+def skipped_stages(handler: Any) -> list[Problem]:
+    """A handler whose ``handle`` ran none of its stage methods: edits to them do nothing.
+
+    Only a handler that has such methods is flagged (a plain class with ``handle`` alone has
+    nothing to skip)."""
+    if not any(callable(getattr(handler, name, None)) for name in HANDLER_STAGES):
+        return []
+    name = type(handler).__name__
+    return [
+        Problem(
+            "skipped-stages",
+            f"{name}.handle() never called preprocess, inference or postprocess: edits to those "
+            "methods have no effect, here or under TorchServe",
+            "call them from handle(), or drop the handle override and let BaseHandler.handle run them",
+            "handle",
+            severity="warning",
+        )
+    ]

@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 from handlerkit import _failures
 from handlerkit._capture import Capture, ListHandler, enable_info_logs
-from handlerkit._recorder import Recorder
+from handlerkit._recorder import Recorder, Spies
 from handlerkit._stack import user_stacklevel
-from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output
+from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.isolation import model_dir_imports
 from handlerkit.requests import Batch
@@ -108,7 +108,11 @@ class Harness:
         self._capture: Capture | None = None
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
+        self._spies: Spies | None = None
         self._resolve(handler)
+        # TorchServe's worker takes the entry point before initialize runs (ts/model_loader.py):
+        # a handle set on the instance in __init__ counts, one set in initialize does not.
+        self._own_handle = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         self._handler_files = _failures.handler_files(self.function or self.handler)
 
     # -- construction ------------------------------------------------------------------
@@ -118,21 +122,30 @@ class Harness:
 
             self.spec = handler
             with self.imports(max_age=0):
-                resolved = resolve_handler(handler, self._import_dir)
+                resolved = resolve_handler(handler, self._import_dir, build=self._build)
             if resolved.instance is not None:
                 self.handler = resolved.instance
             else:
                 self.function = resolved.function
         elif inspect.isclass(handler):
-            self.handler = handler()
+            self.handler = self._build(handler)
         elif inspect.isfunction(handler) or (callable(handler) and not hasattr(handler, "handle")):
             self.function = handler
         elif hasattr(handler, "handle"):
             self.handler = handler
+            self._spies = Spies.install(handler)
         else:
             raise TypeError(
                 f"Harness needs a handler instance, class, spec string or handle(data, context) function; got {handler!r}"
             )
+
+    def _build(self, cls: type) -> Any:
+        """``cls()``, with the stage spies on the instance before ``__init__`` runs."""
+        instance = cls.__new__(cls)
+        if isinstance(instance, cls):
+            self._spies = Spies.install(instance)
+            instance.__init__()
+        return instance
 
     @property
     def name(self) -> str:
@@ -148,12 +161,18 @@ class Harness:
     def single_stage(self) -> bool:
         """True when ``handle`` is not TorchServe's (a function handler, an override, or one set
         on the instance): then only a run through ``handle`` shows what the server does."""
-        return self.is_function or not _is_known_base_handle(self.handler.handle)
+        return self.is_function or self._own_handle is not None or not _is_known_base_handle(type(self.handler).handle)
 
     @property
     def entry(self) -> Callable[[Any, Any], Any]:
-        """What TorchServe's worker calls for a batch: ``handle``, inside the envelope if any."""
-        handle = self.function if self.function is not None else self.handler.handle
+        """What TorchServe's worker calls for a batch: ``handle`` as it was before ``initialize``
+        (a class's, or one the instance set in ``__init__``), inside the envelope if any."""
+        if self.function is not None:
+            handle = self.function
+        elif self._own_handle is not None:
+            handle = self._own_handle
+        else:
+            handle = type(self.handler).handle.__get__(self.handler)
         if self.envelope is None:
             return handle
         from handlerkit.envelopes import wrap
@@ -244,26 +263,10 @@ class Harness:
             index = 0
         if index is None and stage == "preprocess" and not isinstance(exc, HandlerkitError):
             if self.batch is not None and len(self.batch) > 1:
-                index = self._find_failing_request()
+                index = _failures.failing_request(self.handler.preprocess, self.batch, self.context, self.imports)
         return _failures.stage_error(
             stage, exc, handler=self.name, request_index=index, handler_files=self._handler_files
         )
-
-    def _find_failing_request(self) -> int | None:
-        """Preprocess each request alone to find the one that fails (context restored after)."""
-        whole = self.batch
-        try:
-            for i, single in enumerate(whole.split()):
-                single.bind(self.context)
-                try:
-                    with self.imports(), warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        self.handler.preprocess(single.data)
-                except Exception:
-                    return i
-        finally:
-            whole.bind(self.context)
-        return None
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:
         for problem in problems:
@@ -295,6 +298,14 @@ class Harness:
             decisions = getattr(self.handler, "decisions", None)
             if decisions is not None and result.output is None:
                 result.output = decisions
+        late = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
+        if late is not None and late is not self._own_handle:
+            warnings.warn(
+                f"handlerkit: {self.name}.initialize sets self.handle, but TorchServe's worker takes handle "
+                "before initialize runs, so the server ignores it (and so does h.run); set it in __init__",
+                HandlerkitWarning,
+                stacklevel=user_stacklevel(),
+            )
         return result
 
     def preprocess(self, batch_or_data: Any) -> StageResult:
@@ -379,14 +390,19 @@ class Harness:
             recorder = self._recorder()
             marks = (len(self._capture.warnings), len(self._capture.logs), recorder.metrics.mark() if recorder.metrics is not None else 0)
             data, entry, error, output = batch.data, self.entry, None, None
-            with recorder.spying(self.handler):
-                timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
-                t0 = time.perf_counter_ns()
-                try:
-                    output = entry(data, self.context)
-                except Exception as exc:
-                    error = exc
-                handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
+            spies = self._spies
+            if spies is not None:
+                spies.recorder = recorder
+            timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
+            t0 = time.perf_counter_ns()
+            try:
+                output = entry(data, self.context)
+            except Exception as exc:
+                error = exc
+            finally:
+                if spies is not None:
+                    spies.recorder = None
+            handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
             if not built or error is not None and recorder.failed(error) is None:
                 built.append(self._handle_result(data, output, handle_ms, marks, recorder))
@@ -400,8 +416,8 @@ class Harness:
             self._close_capture(capture)
         last = built[-1]
         last.problems = check_output(output, count, stage=last.stage)
-        if last.stage == "handle" and self.handler is not None and self._has_stage_methods():
-            last.problems.append(self._skipped_stages_problem())
+        if last.stage == "handle" and self.handler is not None:
+            last.problems.extend(skipped_stages(self.handler))
         self._warn_problems(last.problems)
         stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
         if "describe" in stages:
@@ -420,21 +436,6 @@ class Harness:
                              logs=capture.logs[marks[1]:], metrics=records, called_stages=[])
         self.results["handle"] = result
         return result
-
-    def _has_stage_methods(self) -> bool:
-        """Whether the handler has a preprocess, inference or postprocess a custom handle()
-        might be expected to run (a plain class with only handle() has none: nothing to flag)."""
-        return any(callable(getattr(self.handler, name, None)) for name in HANDLER_STAGES)
-
-    def _skipped_stages_problem(self) -> Problem:
-        return Problem(
-            "skipped-stages",
-            f"{self.name}.handle() never called preprocess, inference or postprocess: edits to those "
-            "methods have no effect, here or under TorchServe",
-            "call them from handle(), or drop the handle override and let BaseHandler.handle run them",
-            "handle",
-            severity="warning",
-        )
 
     def handle(self, batch_or_data: Any) -> Any:
         """Exactly what the worker does: ``handle(batch.data, context)`` after binding the batch."""

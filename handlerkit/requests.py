@@ -1,27 +1,41 @@
 """Requests as TorchServe's worker hands them to a handler, built without a server.
 
-A :class:`Request` holds what the frontend sends the worker for one HTTP request: its
-parameters (name, raw bytes, content type) and its headers. :func:`batch` groups requests
-into a :class:`Batch`, whose :attr:`Batch.data` is exactly the ``data`` argument of
-``handle(data, context)`` and whose :meth:`Batch.bind` sets up the context as the worker
-does. The rules, from TorchServe 0.12 (the Java frontend, ``ts/protocol/otf_message_handler.py``
-and ``ts/service.py``):
+A :class:`Request` is one HTTP request as the frontend forwards it to the worker: parameters
+(name, raw bytes, content type), the client's headers, and the headers the frontend adds.
+:func:`payload` reads a request's payload the one way handlerkit's handlers do. Batches are
+:mod:`handlerkit.batches` (``Batch`` and ``batch`` import from here too). TorchServe 0.12's rules:
 
-- A raw POST body is one parameter named ``"body"`` whose content type is the media type of
-  the ``Content-Type`` header (``application/json; charset=utf-8`` → ``application/json``).
-  An ``application/x-www-form-urlencoded`` body is split into its fields.
-- Multipart form fields arrive under their own names. Plain (non-file) fields have no content
-  type; file uploads carry the part's content type (``application/octet-stream`` if none).
+- A raw body is one parameter ``"body"`` typed by the ``Content-Type`` header's media type
+  (``application/json; charset=utf-8`` → ``application/json``); an ``application/x-www-form-urlencoded``
+  body is split into fields. Multipart fields arrive under their own names: plain fields untyped,
+  file uploads with the part's type (``application/octet-stream`` if none).
 - The worker decodes ``application/json`` with ``json.loads`` and ``text*`` as UTF-8 ``str``;
-  everything else, and anything that fails to decode, stays a ``bytearray``. With
-  ``TS_DECODE_INPUT_REQUEST`` set to anything but ``true``, everything stays a ``bytearray``.
-- Each request's headers dict holds ``{param name: {"content-type": ...}}`` (``""`` when
-  none) updated with the HTTP headers. Header names keep the case the client sent (the
-  frontend copies Netty's HTTP/1.1 header entries as they are): ``"Content-Type"``, not
-  ``"content-type"``.
+  anything else, or anything that fails to decode, stays a ``bytearray``. All stays a
+  ``bytearray`` when ``TS_DECODE_INPUT_REQUEST`` is set to anything but ``true``.
+- A request's header dict is ``{param name: {"content-type": ...}}`` (``""`` when untyped)
+  updated with the request-level headers, names in the case the client sent (``"Content-Type"``).
 
-To feed a handler something HTTP cannot carry (a tensor), pass a ready-made data dict:
-:meth:`Request.from_data`, or a dict where a request is expected (``batch({"data": t})``).
+**Headers the frontend adds** (``InferenceRequestHandler`` in 0.12's ``model-server.jar``;
+lower-case names, string values, sent over the worker socket like any header):
+
+- ``/predictions/<model>[/<version>[/<more>]]``: ``url_path`` = the path segments after the
+  version joined by ``/`` (percent-decoded, no query, trailing ``/`` dropped; ``""`` when none:
+  ``/predictions/m/1.0/v1/chat/`` → ``"v1/chat"``), and ``explain: "False"``.
+- ``/explanations/...``: the same with ``explain: "True"``, the only difference.
+- KServe ``/v1/models/<m>:predict``, ``/v2/models/<m>/infer``: ``explain: "False"`` (``"True"``
+  for ``:explain``, ``/explain``), no ``url_path``.
+- ``/invocations``, ``/models/<m>/invoke``, ``/<m>/predict``, gRPC ``Predictions``, KServe gRPC
+  ``ModelInfer``, workflows: none. Not a prediction: ``GET /models/<m>?customized=true`` (gRPC
+  ``DescribeModel``) sends the client's headers, ``describe: "True"`` and no parameters.
+
+They come after the client's headers into a map, so a client's own ``explain``/``url_path``
+(same case) is replaced; ``Explain`` stays a separate key. A handlerkit Request is a
+``/predictions`` request: its worker view carries ``url_path`` (argument, ``""`` by default) and
+``explain: "False"``, and headers you set win, so ``req.with_headers(explain="True")`` is the
+request as ``/explanations`` delivers it.
+
+What HTTP cannot carry (a tensor) goes in a data dict (:meth:`Request.from_data`) or as any
+other item (:meth:`Request.from_item`, TorchServe's unit-test path ``handle([[1.0, 2.0]], ctx)``).
 """
 
 from __future__ import annotations
@@ -31,25 +45,29 @@ import dataclasses
 import json
 import mimetypes
 import os
-import struct
 import uuid
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple, overload
-from urllib.parse import parse_qsl
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from handlerkit._stack import user_stacklevel as _user_stacklevel
-from handlerkit.context import bind_requests
-from handlerkit.errors import HandlerkitWarning
+from handlerkit import _wire
+from handlerkit._text import format_bytes
+from handlerkit._wire import decode_enabled
 
-__all__ = ["Batch", "Parameter", "Request", "batch", "decode_enabled"]
+if TYPE_CHECKING:  # pragma: no cover
+    from handlerkit.batches import Batch, batch
 
-_FORM_URLENCODED = "application/x-www-form-urlencoded"
-_OCTET_STREAM = "application/octet-stream"
-# What a multipart request's Content-Type header looks like; the boundary is never used.
-_MULTIPART = "multipart/form-data; boundary=handlerkit"
+__all__ = ["Batch", "Parameter", "Request", "batch", "decode_enabled", "payload"]
+
+
+def __getattr__(name: str) -> Any:
+    # Batch and batch live in handlerkit.batches, which imports this module: re-export lazily.
+    if name in ("Batch", "batch"):
+        from handlerkit import batches
+
+        return getattr(batches, name)
+    raise AttributeError(f"module 'handlerkit.requests' has no attribute {name!r}")
 
 
 class Parameter(NamedTuple):
@@ -65,45 +83,53 @@ class Parameter(NamedTuple):
     value: bytes
     content_type: str | None = None
 
+    def decoded(self, decode: bool | None = None, where: str | None = None) -> Any:
+        """The value the worker hands the handler (JSON parsed, text as str, else bytearray).
 
-def decode_enabled() -> bool:
-    """Whether the worker decodes inputs: ``TS_DECODE_INPUT_REQUEST`` unset or exactly ``"true"``."""
-    flag = os.environ.get("TS_DECODE_INPUT_REQUEST")
-    return flag is None or flag == "true"
-
-
-def _media_type(content_type: str | None) -> str | None:
-    # Netty's HttpUtil.getMimeType: the part before ";", trimmed.
-    if content_type is None:
-        return None
-    return content_type.split(";", 1)[0].strip()
+        Args:
+            decode: decode JSON and text; None reads ``TS_DECODE_INPUT_REQUEST`` as the worker does.
+            where: how a warning about an undecodable value names this parameter.
+        """
+        decode = decode_enabled() if decode is None else decode
+        return _wire.decode_value(self.value, self.content_type, decode, where or f"parameter {self.name!r}")
 
 
-def _decode(param: Parameter, decode: bool, where: str) -> Any:
-    """The value the worker hands the handler for one parameter (otf_message_handler rules)."""
-    raw = param.value
-    content_type = param.content_type or ""
-    if decode and content_type == "application/json":
-        try:
-            return json.loads(raw.decode("utf-8"))
-        except Exception as exc:  # the worker catches everything and forwards the bytes
-            warnings.warn(
-                f"handlerkit: {where} is declared application/json but is not valid JSON "
-                f"({exc}); TorchServe forwards it as raw bytearray",
-                HandlerkitWarning,
-                stacklevel=_user_stacklevel(),
-            )
-    elif decode and content_type.startswith("text"):
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            warnings.warn(
-                f"handlerkit: {where} is declared {content_type} but is not UTF-8 ({exc}); "
-                "TorchServe forwards it as raw bytearray",
-                HandlerkitWarning,
-                stacklevel=_user_stacklevel(),
-            )
-    return bytearray(raw)
+def payload(row: Any) -> Any:
+    """A request's payload, read the one way every handlerkit handler reads it.
+
+    TorchServe's handlers read ``row.get("data") or row.get("body")``; this gives the same
+    value, with the empty case made explicit:
+
+    1. ``row["data"]`` when it holds something: not None and not empty (``or`` skips None,
+       ``b""``, ``""``, ``[]``, ``{}``, ``0``, ``False``; a tensor or an image always counts);
+    2. else ``row["body"]`` when it is not None, empty or not;
+    3. else the empty ``data`` value that was sent, where TorchServe's expression gives None;
+    4. else None: neither key holds anything (a form whose fields have other names).
+
+    An empty body therefore comes back as what the worker decoded: ``bytearray()`` (or ``""``
+    for ``text/*``), never None, so a handler can say "empty body" apart from "no data/body".
+    A row that is not a dict (a raw item, as in ``handle([[1.0, 2.0]], ctx)``) is its own
+    payload and comes back unchanged.
+    """
+    if not isinstance(row, Mapping):
+        return row
+    data, body = row.get("data"), row.get("body")
+    if not _skipped_by_or(data):
+        return data
+    if body is not None:
+        return body
+    return data
+
+
+def _skipped_by_or(value: Any) -> bool:
+    # What `x or y` skips, without asking a tensor or an array for its truth value.
+    if value is None:
+        return True
+    if isinstance(value, (bytes, bytearray, memoryview, str, list, tuple, dict)):
+        return len(value) == 0
+    if isinstance(value, (bool, int, float)):
+        return not value
+    return False
 
 
 def _as_bytes(value: Any, what: str) -> bytes:
@@ -116,28 +142,25 @@ def _check_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in (headers or {}).items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(
-                f"headers are strings on the wire: got {key!r}: {value!r}"
-                + (f"; pass {str(value)!r}" if isinstance(value, (bool, int, float)) else "")
-            )
+            hint = f"; pass {str(value)!r}" if isinstance(value, (bool, int, float)) else ""
+            raise TypeError(f"headers are strings on the wire: got {key!r}: {value!r}{hint}")
         out[key] = value
     return out
 
 
-def _has_header(headers: Mapping[str, str], name: str) -> bool:
-    return any(k.lower() == name.lower() for k in headers)
+def _with_content_type(headers: Mapping[str, str] | None, content_type: str) -> dict[str, str]:
+    hdrs = _check_headers(headers)
+    if any(k.lower() == "content-type" for k in hdrs):
+        return hdrs
+    return {"Content-Type": content_type, **hdrs}
 
 
-def _describe_params(params: Iterable[Parameter]) -> str:
-    return ", ".join(f"{p.name}: {p.content_type or 'no type'} {_size(len(p.value))}" for p in params)
-
-
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    if n < 1024 * 1024:
-        return f"{n / 1024:.1f} kB"
-    return f"{n / (1024 * 1024):.1f} MB"
+def _copied(value: Any) -> Any:
+    """A deep copy where one can be made (a handler may mutate its input), else the value."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -145,60 +168,61 @@ class Request:
     """One inference request as TorchServe's frontend hands it to the worker.
 
     Build one with :meth:`from_file`, :meth:`from_bytes`, :meth:`json`, :meth:`text` or
-    :meth:`form`; add headers with :meth:`with_headers`. Requests are immutable.
+    :meth:`form`; change one with :meth:`with_headers` and :meth:`with_url_path`. Requests are
+    immutable. Typed body constructors also set the ``Content-Type`` header (unless you pass
+    one): the frontend derives the body's content type from it.
 
-    Typed body constructors also set the ``Content-Type`` request header (unless you pass
-    one): a real client request carries it, and the frontend derives the body's content type
-    from it. No other headers are added.
-
-    :meth:`from_data` wraps a ready-made data dict (``{"data": tensor}``) that the handler
-    gets as it is, skipping the wire; such a request can only be encoded when every value
-    has an HTTP form.
+    Every request is a ``/predictions`` request: the worker also sees the headers the
+    frontend adds (:attr:`frontend_headers`, see the module docstring), unless you set them.
+    :meth:`from_data` wraps a ready-made data dict (``{"data": tensor}``) delivered as it is;
+    :meth:`from_item` any other item, with no headers at all.
 
     Attributes:
         parameters: the input parameters, in order.
-        headers: the request-level HTTP headers (names case-sensitive, as sent).
+        headers: the headers the client sent or you set (names case-sensitive).
         request_id: the request id (a fresh uuid4 string by default).
-        delivered: for :meth:`from_data` requests, the dict delivered as it is; else None.
+        delivered: what :meth:`from_data` / :meth:`from_item` deliver as it is; else None.
+        url_path: the URL path after ``/predictions/<model>/<version>/``.
+        item: True for a :meth:`from_item` request.
     """
 
     parameters: tuple[Parameter, ...]
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     request_id: str = dataclasses.field(default_factory=lambda: str(uuid.uuid4()))
-    delivered: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, hash=False)
+    delivered: Any = dataclasses.field(default=None, compare=False, hash=False)
+    url_path: str = ""
+    item: bool = False
 
     def __post_init__(self) -> None:
         params = []
         for p in self.parameters:
-            if not isinstance(p, Parameter):
-                p = Parameter(*p)
-            if not isinstance(p.name, str) or not p.name:
-                raise TypeError(f"a parameter name must be a non-empty str: got {p.name!r}")
-            if p.content_type is not None and not isinstance(p.content_type, str):
-                raise TypeError(
-                    f"content type of {p.name!r} must be a str or None: got {p.content_type!r}"
-                )
-            value = _as_bytes(p.value, f"the value of {p.name!r}")
-            params.append(Parameter(p.name, value, p.content_type))
+            name, value, content_type = p if isinstance(p, Parameter) else Parameter(*p)
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"a parameter name must be a non-empty str: got {name!r}")
+            if content_type is not None and not isinstance(content_type, str):
+                raise TypeError(f"content type of {name!r} must be a str or None: got {content_type!r}")
+            params.append(Parameter(name, _as_bytes(value, f"the value of {name!r}"), content_type))
         if not isinstance(self.request_id, str) or not self.request_id:
             raise TypeError(f"request_id must be a non-empty str: got {self.request_id!r}")
+        if not isinstance(self.url_path, str):
+            raise TypeError(f"url_path is a str (the URL path after the version): got {self.url_path!r}")
+        if self.item and self.url_path:
+            raise ValueError("a raw item never came through the frontend: it has no url_path")
         object.__setattr__(self, "parameters", tuple(params))
         object.__setattr__(self, "headers", MappingProxyType(_check_headers(self.headers)))
-        if self.delivered is not None:
+        if self.item:
+            object.__setattr__(self, "delivered", _copied(self.delivered))
+        elif self.delivered is not None:
             if not isinstance(self.delivered, Mapping) or not all(isinstance(k, str) for k in self.delivered):
                 raise TypeError("delivered data must be a dict of parameter name (str) → value")
-            object.__setattr__(self, "delivered", MappingProxyType(copy.deepcopy(dict(self.delivered))))
+            object.__setattr__(self, "delivered", MappingProxyType(_copied(dict(self.delivered))))
 
     # -- constructors ----------------------------------------------------------------------
 
     @classmethod
     def from_bytes(
-        cls,
-        data: bytes | bytearray | memoryview,
-        content_type: str | None = None,
-        name: str = "body",
-        headers: Mapping[str, str] | None = None,
-        request_id: str | None = None,
+        cls, data: bytes | bytearray | memoryview, content_type: str | None = None, name: str = "body",
+        headers: Mapping[str, str] | None = None, request_id: str | None = None, *, url_path: str = "",
     ) -> Request:
         """A request carrying ``data``.
 
@@ -206,33 +230,24 @@ class Request:
         media type of ``content_type``, which also becomes the ``Content-Type`` header, and an
         ``application/x-www-form-urlencoded`` body is split into fields as the frontend does.
         Any other ``name`` makes it a one-field multipart upload (see :meth:`form`).
+        ``url_path`` is what followed ``/predictions/<model>/<version>/`` in the URL.
         """
         data = _as_bytes(data, "data")
         if name != "body":
-            field = (data, content_type or _OCTET_STREAM)
-            return cls.form({name: field}, headers=headers, request_id=request_id)
-        hdrs = _check_headers(headers)
-        if content_type is not None and not _has_header(hdrs, "Content-Type"):
-            hdrs = {"Content-Type": content_type, **hdrs}
-        media = _media_type(content_type)
-        if media == _FORM_URLENCODED:
-            try:
-                fields = parse_qsl(data.decode("utf-8"), keep_blank_values=True)
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"an {_FORM_URLENCODED} body must be UTF-8: {exc}") from exc
-            params = tuple(Parameter(k, v.encode("utf-8"), None) for k, v in fields)
+            field = (data, content_type or _wire.OCTET_STREAM)
+            return cls.form({name: field}, headers=headers, request_id=request_id, url_path=url_path)
+        hdrs = _check_headers(headers) if content_type is None else _with_content_type(headers, content_type)
+        media = _wire.media_type(content_type)
+        if media == _wire.FORM_URLENCODED:
+            params = tuple(Parameter(*f) for f in _wire.urlencoded_fields(data))
         else:
             params = (Parameter("body", data, media),)
-        return cls._make(params, hdrs, request_id)
+        return cls._make(params, hdrs, request_id, url_path)
 
     @classmethod
     def from_file(
-        cls,
-        path: str | os.PathLike[str],
-        content_type: str | None = None,
-        name: str = "body",
-        headers: Mapping[str, str] | None = None,
-        request_id: str | None = None,
+        cls, path: str | os.PathLike[str], content_type: str | None = None, name: str = "body",
+        headers: Mapping[str, str] | None = None, request_id: str | None = None, *, url_path: str = "",
     ) -> Request:
         """A request carrying a file's bytes; the content type is guessed from the extension.
 
@@ -245,43 +260,34 @@ class Request:
             raise FileNotFoundError(f"no such file: {str(path)!r}")
         if name != "body":
             field = path if content_type is None else (path, content_type)
-            return cls.form({name: field}, headers=headers, request_id=request_id)
+            return cls.form({name: field}, headers=headers, request_id=request_id, url_path=url_path)
         if content_type is None:
             content_type = mimetypes.guess_type(path.name)[0]
-        return cls.from_bytes(path.read_bytes(), content_type, name, headers, request_id)
+        return cls.from_bytes(path.read_bytes(), content_type, name, headers, request_id, url_path=url_path)
 
     @classmethod
     def json(
-        cls,
-        obj: Any,
-        name: str = "body",
-        headers: Mapping[str, str] | None = None,
-        request_id: str | None = None,
+        cls, obj: Any, name: str = "body", headers: Mapping[str, str] | None = None,
+        request_id: str | None = None, *, url_path: str = "",
     ) -> Request:
         """A request carrying ``obj`` as ``application/json`` (the handler gets it parsed)."""
-        payload = json.dumps(obj).encode("utf-8")
-        return cls.from_bytes(payload, "application/json", name, headers, request_id)
+        body = json.dumps(obj).encode("utf-8")
+        return cls.from_bytes(body, "application/json", name, headers, request_id, url_path=url_path)
 
     @classmethod
     def text(
-        cls,
-        s: str,
-        content_type: str = "text/plain",
-        name: str = "body",
-        headers: Mapping[str, str] | None = None,
-        request_id: str | None = None,
+        cls, s: str, content_type: str = "text/plain", name: str = "body",
+        headers: Mapping[str, str] | None = None, request_id: str | None = None, *, url_path: str = "",
     ) -> Request:
         """A request carrying ``s`` as UTF-8 text (the handler gets a ``str``)."""
         if not isinstance(s, str):
             raise TypeError(f"Request.text needs a str: got {type(s).__name__}")
-        return cls.from_bytes(s.encode("utf-8"), content_type, name, headers, request_id)
+        return cls.from_bytes(s.encode("utf-8"), content_type, name, headers, request_id, url_path=url_path)
 
     @classmethod
     def form(
-        cls,
-        fields: Mapping[str, Any],
-        headers: Mapping[str, str] | None = None,
-        request_id: str | None = None,
+        cls, fields: Mapping[str, Any], headers: Mapping[str, str] | None = None,
+        request_id: str | None = None, *, url_path: str = "",
     ) -> Request:
         """A multipart/form-data request; each field arrives under its own name.
 
@@ -297,18 +303,13 @@ class Request:
         """
         if not isinstance(fields, Mapping) or not fields:
             raise ValueError("Request.form needs a non-empty mapping of field name → value")
-        params = tuple(_form_field(name, value) for name, value in fields.items())
-        hdrs = _check_headers(headers)
-        if not _has_header(hdrs, "Content-Type"):
-            hdrs = {"Content-Type": _MULTIPART, **hdrs}
-        return cls._make(params, hdrs, request_id)
+        params = tuple(Parameter(*_wire.form_field(name, value)) for name, value in fields.items())
+        return cls._make(params, _with_content_type(headers, _wire.MULTIPART), request_id, url_path)
 
     @classmethod
     def from_data(
-        cls,
-        data: Mapping[str, Any],
-        headers: Mapping[str, str] | None = None,
-        request_id: str | None = None,
+        cls, data: Mapping[str, Any], headers: Mapping[str, str] | None = None,
+        request_id: str | None = None, *, url_path: str = "",
     ) -> Request:
         """A request whose handler input is ``data`` itself (copied), skipping the wire.
 
@@ -319,57 +320,93 @@ class Request:
         request can still be encoded.
         """
         if not isinstance(data, Mapping):
-            raise TypeError(f"Request.from_data needs a dict: got {type(data).__name__}")
-        params, _ = _wire_form(data)
+            raise TypeError(
+                f"Request.from_data needs a dict: got {type(data).__name__}; "
+                "deliver any other object as it is with Request.from_item(x)"
+            )
+        params, _ = _wire.wire_form(data)
         rid = request_id if request_id is not None else str(uuid.uuid4())
-        return cls(params or (), _check_headers(headers), rid, data)
+        return cls(tuple(Parameter(*p) for p in params or ()), _check_headers(headers), rid, data, url_path)
 
     @classmethod
-    def _make(
-        cls, params: tuple[Parameter, ...], headers: dict[str, str], request_id: str | None
-    ) -> Request:
+    def from_item(cls, item: Any, request_id: str | None = None) -> Request:
+        """One item of ``handle``'s data list delivered as it is: TorchServe's unit-test path.
+
+        TorchServe's own tests call ``handler.handle([[1.0, 2.0]], ctx)``: each item of ``data``
+        is a request. The worker never builds such an item (it always delivers request dicts),
+        so it has no headers: the frontend added none, and ``context.get_request_header(i, ...)``
+        finds nothing. The item is deep-copied where possible, and again on every delivery.
+        """
+        if isinstance(item, Request):
+            raise TypeError("Request.from_item got a Request: use it as it is")
+        rid = request_id if request_id is not None else str(uuid.uuid4())
+        return cls((), {}, rid, item, item=True)
+
+    @classmethod
+    def _make(cls, params: tuple[Parameter, ...], headers: dict[str, str], request_id: str | None, url_path: str) -> Request:
         if request_id is None:
-            return cls(params, headers)
-        return cls(params, headers, request_id)
+            return cls(params, headers, url_path=url_path)
+        return cls(params, headers, request_id, url_path=url_path)
 
     # -- copies ----------------------------------------------------------------------------
 
     def with_headers(self, headers: Mapping[str, str] | None = None, /, **more: str) -> Request:
         """A copy with headers added or replaced, and a fresh request id.
 
-        Keyword names are used as they are: ``req.with_headers(explain="True")`` sends the
-        ``explain`` header TorchServe's explanations API adds. Names with dashes go in a dict.
+        Keyword names are used as they are: ``req.with_headers(explain="True")`` is the request
+        as TorchServe's explanations API delivers it. Names with dashes go in a dict.
         """
         merged = {**self.headers, **_check_headers(headers), **_check_headers(more)}
         return dataclasses.replace(self, headers=merged, request_id=str(uuid.uuid4()))
 
+    def with_url_path(self, path: str) -> Request:
+        """A copy sent to ``/predictions/<model>/<version>/<path>``, with a fresh request id."""
+        return dataclasses.replace(self, url_path=path, request_id=str(uuid.uuid4()))
+
     # -- what the worker makes of it ---------------------------------------------------------
 
-    def data(self, decode: bool | None = None) -> dict[str, Any]:
-        """This request's entry in ``handle``'s ``data`` list (a fresh dict each call)."""
+    def data(self, decode: bool | None = None) -> Any:
+        """This request's entry in ``handle``'s ``data`` list (a fresh object each call)."""
         return self._data(decode_enabled() if decode is None else decode, f"request {self.request_id}")
 
-    def _data(self, decode: bool, label: str) -> dict[str, Any]:
+    def _data(self, decode: bool, label: str) -> Any:
+        if self.item:
+            return _copied(self.delivered)
         if self.delivered is not None:
-            return copy.deepcopy(dict(self.delivered))
-        return {p.name: _decode(p, decode, f"{label} parameter {p.name!r}") for p in self.parameters}
+            return _copied(dict(self.delivered))
+        return {p.name: p.decoded(decode, f"{label} parameter {p.name!r}") for p in self.parameters}
+
+    @property
+    def frontend_headers(self) -> dict[str, str]:
+        """The headers TorchServe's frontend adds for ``/predictions`` (none for an item)."""
+        return {} if self.item else {"url_path": self.url_path, "explain": "False"}
+
+    def worker_headers(self) -> dict[str, str]:
+        """The request-level headers the worker receives: the frontend's, then yours over them."""
+        return {**self.frontend_headers, **self.headers}
 
     def header_dict(self) -> dict[str, Any]:
-        """This request's headers as the worker builds them (parameter entries, then HTTP headers)."""
+        """This request's headers as the worker builds them (parameter entries, then headers)."""
+        if self.item:
+            return dict(self.headers)
         if self.delivered is not None:
-            out: dict[str, Any] = {
-                k: {"content-type": _content_type_of(v) or ""} for k, v in self.delivered.items()
-            }
+            types = {k: _wire.content_type_of(v) for k, v in self.delivered.items()}
         else:
-            out = {p.name: {"content-type": p.content_type or ""} for p in self.parameters}
-        out.update(self.headers)
+            types = {p.name: p.content_type for p in self.parameters}
+        out: dict[str, Any] = {name: {"content-type": t or ""} for name, t in types.items()}
+        out.update(self.worker_headers())
         return out
 
     def wire_problem(self) -> str | None:
         """Why this request cannot be encoded for the wire, or None when it can."""
+        if self.item:
+            return (
+                f"it is a raw {type(self.delivered).__name__} item (the unit-test path); TorchServe's "
+                "worker only delivers request dicts: build it with Request.json/from_file/text/form"
+            )
         if self.delivered is None:
             return None
-        return _wire_form(self.delivered)[1]
+        return _wire.wire_form(self.delivered)[1]
 
     @property
     def size(self) -> int:
@@ -377,280 +414,14 @@ class Request:
         return sum(len(p.value) for p in self.parameters)
 
     def __repr__(self) -> str:
-        if self.delivered is not None:
+        if self.item:
+            body = f"item {type(self.delivered).__name__}"
+        elif self.delivered is not None:
             body = "as-is " + (", ".join(f"{k}: {type(v).__name__}" for k, v in self.delivered.items()) or "{}")
         else:
-            body = _describe_params(self.parameters)
+            body = ", ".join(f"{p.name}: {p.content_type or 'no type'} {format_bytes(len(p.value))}" for p in self.parameters)
         extra = [k for k in self.headers if k.lower() != "content-type"]
         hdrs = ", ".join(f"{k!r}: {self.headers[k]!r}" for k in extra)
         hdrs = f", headers={{{hdrs}}}" if extra else ""
-        return f"Request({body}{hdrs}, id={self.request_id[:8]}…)"
-
-
-def _form_field(name: Any, value: Any) -> Parameter:
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"form field names must be non-empty str: got {name!r}")
-    content_type: str | None
-    if isinstance(value, tuple):
-        if len(value) != 2:
-            raise TypeError(
-                f"form field {name!r}: a tuple must be (value, content_type): got {len(value)} items"
-            )
-        value, content_type = value
-        explicit = True
-    else:
-        content_type, explicit = None, False
-    if isinstance(value, str):
-        data = value.encode("utf-8")  # a plain field: no content type unless given
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        data = bytes(value)
-        if not explicit:
-            content_type = _OCTET_STREAM
-    elif isinstance(value, os.PathLike):
-        path = Path(value)
-        data = path.read_bytes()
-        if not explicit:
-            content_type = mimetypes.guess_type(path.name)[0] or _OCTET_STREAM
-    else:
-        raise TypeError(
-            f"form field {name!r}: a value must be str, bytes, a path or (value, content_type): "
-            f"got {type(value).__name__}"
-        )
-    return Parameter(name, data, _media_type(content_type))
-
-
-# ------------------------------------------------------------------------------------------
-# Batches
-# ------------------------------------------------------------------------------------------
-
-
-def _content_type_of(value: Any) -> str | None:
-    """The content type a data value would have been sent with, when it has one."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return _OCTET_STREAM
-    if isinstance(value, str):
-        return "text/plain"
-    if value is None or isinstance(value, (dict, list, bool, int, float)):
-        return "application/json"
-    return None
-
-
-def _wire_form(data: Mapping[str, Any]) -> tuple[tuple[Parameter, ...] | None, str | None]:
-    """The parameters that would deliver ``data``, or None and the reason there are none."""
-    params = []
-    for name, value in data.items():
-        content_type = _content_type_of(value)
-        if content_type == _OCTET_STREAM:
-            raw = bytes(value)
-        elif content_type == "text/plain":
-            raw = value.encode("utf-8")
-        else:
-            try:
-                raw = json.dumps(value).encode("utf-8") if content_type else b""
-            except (TypeError, ValueError):
-                content_type = None
-            if content_type is None:
-                return None, (
-                    f"parameter {name!r} holds a {type(value).__name__}, which has no HTTP form; "
-                    "build the request with Request.from_file/json/text/form to go on the wire"
-                )
-        params.append(Parameter(name, raw, content_type))
-    return tuple(params), None
-
-
-class Batch(Sequence[Request]):
-    """A batch of requests: what one call of ``handle(data, context)`` gets.
-
-    Build one with :func:`batch` (or :meth:`coerce`). ``data`` and ``headers`` are rebuilt on
-    every access, so a handler that mutates its input (a ``bytearray``, a parsed dict) never
-    changes the batch; keep the list in a variable if you need the same objects twice.
-
-    Attributes:
-        decode: whether values are decoded like the worker does (``TS_DECODE_INPUT_REQUEST``).
-    """
-
-    def __init__(
-        self, items: Iterable[Request | Mapping[str, Any]], *, decode: bool | None = None
-    ) -> None:
-        requests: list[Request] = []
-        for i, item in enumerate(items):
-            if isinstance(item, Request):
-                requests.append(item)
-            elif isinstance(item, Mapping):
-                requests.append(Request.from_data(item))
-            else:
-                hint = ""
-                if isinstance(item, (list, tuple)):
-                    hint = "; pass requests one by one: batch(*requests)"
-                raise TypeError(
-                    f"a batch holds handlerkit Requests or data dicts: item {i} is a "
-                    f"{type(item).__name__}{hint}"
-                )
-        if not requests:
-            raise ValueError("a batch needs at least one request (TorchServe never sends an empty one)")
-        self._requests = tuple(requests)
-        self.decode: bool = decode_enabled() if decode is None else bool(decode)
-
-    @classmethod
-    def coerce(cls, obj: Any, *, decode: bool | None = None) -> Batch:
-        """A Batch from a Batch, a Request, or a list of Requests and/or data dicts.
-
-        Data dicts (``[{"data": ...}]``) are delivered as they are (copied), with fresh
-        request ids and per-parameter content-type headers guessed from the values
-        (see :meth:`Request.from_data`).
-        """
-        if isinstance(obj, Batch):
-            return obj
-        if isinstance(obj, (Request, Mapping)):
-            return cls([obj], decode=decode)
-        if isinstance(obj, (list, tuple)):
-            return cls(obj, decode=decode)
-        raise TypeError(
-            f"expected a Batch, a Request or a list of Requests / data dicts: got {type(obj).__name__}"
-        )
-
-    # -- what the handler gets -------------------------------------------------------------
-
-    @property
-    def data(self) -> list[dict[str, Any]]:
-        """Exactly what ``handle(data, context)`` receives (fresh objects on every access)."""
-        return [r._data(self.decode, f"request {i}") for i, r in enumerate(self._requests)]
-
-    @property
-    def request_ids(self) -> dict[int, str]:
-        """Batch index → request id (``context.request_ids``)."""
-        return {i: r.request_id for i, r in enumerate(self._requests)}
-
-    @property
-    def headers(self) -> list[dict[str, Any]]:
-        """Per request, the header dict TorchServe's worker builds (fresh on every access)."""
-        return [r.header_dict() for r in self._requests]
-
-    @property
-    def requests(self) -> tuple[Request, ...]:
-        """The requests, in batch order."""
-        return self._requests
-
-    def split(self) -> list[Batch]:
-        """One single-request Batch per request (same ids and decoding)."""
-        return [self[i : i + 1] for i in range(len(self))]
-
-    def bind(self, context: Any) -> Any:
-        """Set up ``context`` for this batch, as ``ts.service.Service.predict`` does.
-
-        Sets ``context.request_ids``, a fresh ``context.request_processor`` (so statuses set
-        during an earlier call do not leak) and ``context.metrics.request_ids``. Works on
-        handlerkit's MockContext and on TorchServe's ``ts.context.Context``.
-
-        Returns:
-            The context.
-        """
-        return bind_requests(context, self.request_ids, self.headers)
-
-    # -- the wire --------------------------------------------------------------------------
-
-    def _wire_requests(self) -> tuple[Request, ...]:
-        for i, r in enumerate(self._requests):
-            problem = r.wire_problem()
-            if problem:
-                raise TypeError(f"request {i} cannot go on the wire: {problem}")
-        return self._requests
-
-    def to_worker_message(self) -> list[dict[str, Any]]:
-        """The batch as the worker decodes it off the socket: ``ts.service.Service.predict``'s argument.
-
-        Each request is ``{"requestId": bytearray, "headers": [{"name": bytearray, "value":
-        bytearray}], "parameters": [{"name": str, "contentType": str, "value": decoded}]}``.
-
-        Raises:
-            TypeError: a data-dict request holding a value with no HTTP form.
-        """
-        out = []
-        for i, req in enumerate(self._wire_requests()):
-            out.append(
-                {
-                    "requestId": bytearray(req.request_id.encode("utf-8")),
-                    "headers": [
-                        {"name": bytearray(k.encode("utf-8")), "value": bytearray(v.encode("utf-8"))}
-                        for k, v in req.headers.items()
-                    ],
-                    "parameters": [
-                        {
-                            "name": p.name,
-                            "contentType": p.content_type or "",
-                            "value": _decode(p, self.decode, f"request {i} parameter {p.name!r}"),
-                        }
-                        for p in req.parameters
-                    ],
-                }
-            )
-        return out
-
-    def encode(self) -> bytes:
-        """The inference message TorchServe's frontend writes to the worker socket (OTF protocol).
-
-        ``ts.protocol.otf_message_handler.retrieve_msg`` reads it back. Decoding is the
-        reader's business there (``TS_DECODE_INPUT_REQUEST`` at read time).
-
-        Raises:
-            TypeError: a data-dict request holding a value with no HTTP form.
-        """
-        out = bytearray(b"I")
-        for req in self._wire_requests():
-            _put(out, req.request_id.encode("utf-8"))
-            for key, value in req.headers.items():
-                _put(out, key.encode("utf-8"))
-                _put(out, value.encode("utf-8"))
-            out += struct.pack("!i", -1)
-            for p in req.parameters:
-                _put(out, p.name.encode("utf-8"))
-                _put(out, (p.content_type or "").encode("utf-8"))
-                _put(out, p.value)
-            out += struct.pack("!i", -1)
-        out += struct.pack("!i", -1)
-        return bytes(out)
-
-    # -- sequence --------------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
-    @overload
-    def __getitem__(self, index: int) -> Request: ...
-    @overload
-    def __getitem__(self, index: slice) -> Batch: ...
-    def __getitem__(self, index: int | slice) -> Request | Batch:
-        """A Request by index; a slice gives a Batch."""
-        if isinstance(index, slice):
-            return Batch(self._requests[index], decode=self.decode)
-        return self._requests[index]
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._requests)
-
-    def __repr__(self) -> str:
-        parts = []
-        for r in self._requests[:4]:
-            text = repr(r)
-            parts.append(text[len("Request(") : text.rindex(", id=")])
-        n = len(self._requests)
-        more = f", … {n - 4} more" if n > 4 else ""
-        shown = "; ".join(f"[{p}]" for p in parts)
-        return f"Batch({n} request{'s' if n != 1 else ''}: {shown}{more}; decode={self.decode})"
-
-
-def _put(out: bytearray, data: bytes) -> None:
-    out += struct.pack("!i", len(data))
-    out += data
-
-
-def batch(*requests: Request | Mapping[str, Any], decode: bool | None = None) -> Batch:
-    """A batch of requests: ``batch(req1, req2).data`` is what ``handle`` receives.
-
-    Args:
-        *requests: handlerkit Requests (or raw data dicts, delivered as they are).
-        decode: decode values like the worker (JSON → objects, text → str); None reads
-            ``TS_DECODE_INPUT_REQUEST`` as the worker does (decoding unless it is set to
-            anything but ``"true"``).
-    """
-    return Batch(requests, decode=decode)
+        path = f", url_path={self.url_path!r}" if self.url_path else ""
+        return f"Request({body}{hdrs}{path}, id={self.request_id[:8]}…)"

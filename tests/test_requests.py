@@ -1,10 +1,10 @@
-"""Request builders and batches (handlerkit.requests)."""
+"""Requests (handlerkit.requests): builders, decoding, the frontend-added headers, payload()."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import json
-import struct
 import uuid
 
 import pytest
@@ -12,7 +12,7 @@ import pytest
 import handlerkit as hk
 from handlerkit.context import MockContext
 from handlerkit.errors import HandlerkitWarning
-from handlerkit.requests import Batch, Parameter, Request, batch, decode_enabled
+from handlerkit.requests import Batch, Parameter, Request, batch, decode_enabled, payload
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
 
@@ -84,7 +84,7 @@ def test_from_bytes():
     req = Request.from_bytes(b"\x00\x01")
     assert req.parameters == (Parameter("body", b"\x00\x01", None),)
     assert req.headers == {}  # no Content-Type: none was sent
-    assert batch(req).headers == [{"body": {"content-type": ""}}]
+    assert req.header_dict() == {"body": {"content-type": ""}, "url_path": "", "explain": "False"}
     assert batch(req).data == [{"body": bytearray(b"\x00\x01")}]
     assert Request.from_bytes(bytearray(b"a")).parameters[0].value == b"a"
     with pytest.raises(TypeError, match="data must be bytes: got str"):
@@ -218,14 +218,20 @@ def test_decode_none_reads_env_like_the_worker(monkeypatch):
 def test_headers_as_the_worker_builds_them():
     req = Request.from_bytes(PNG, "image/png", headers={"explain": "True", "X-Trace": "t1"})
     assert batch(req).headers == [
-        {"body": {"content-type": "image/png"}, "Content-Type": "image/png", "explain": "True", "X-Trace": "t1"}
+        {
+            "body": {"content-type": "image/png"},
+            "url_path": "",
+            "explain": "True",
+            "Content-Type": "image/png",
+            "X-Trace": "t1",
+        }
     ]
 
 
 def test_request_header_overrides_parameter_entry():
     # The worker adds parameter entries first, then request headers over them.
     req = Request((Parameter("body", b"x", "text/plain"),), {"body": "header wins"})
-    assert batch(req).headers == [{"body": "header wins"}]
+    assert batch(req).headers == [{"body": "header wins", "url_path": "", "explain": "False"}]
 
 
 def test_given_content_type_header_is_kept_any_case():
@@ -277,138 +283,6 @@ def test_request_helpers_and_repr(png_file):
     assert "body: image/png 264 B" in text and "'explain': 'True'" in text and "abcdefgh" in text
 
 
-def test_batch_request_ids_and_sequence():
-    a, b = Request.text("a", request_id="id-a"), Request.text("b", request_id="id-b")
-    bt = batch(a, b)
-    assert bt.request_ids == {0: "id-a", 1: "id-b"}
-    assert len(bt) == 2
-    assert bt[0] is a and bt[-1] is b
-    assert list(bt) == [a, b]
-    assert bt.requests == (a, b)
-    sub = bt[1:]
-    assert isinstance(sub, Batch) and sub.request_ids == {0: "id-b"}
-    with pytest.raises(ValueError, match="empty"):
-        bt[5:]
-    assert "2 requests" in repr(bt) and "text/plain 1 B" in repr(bt)
-
-
-def test_batch_argument_errors():
-    with pytest.raises(ValueError, match="at least one request"):
-        batch()
-    with pytest.raises(TypeError, match=r"batch\(\*requests\)"):
-        batch([Request.text("a")])
-    with pytest.raises(TypeError, match="item 0 is a int"):
-        batch(3)
-
-
-# --------------------------------------------------------------------------------------------
-# bind() and mutation safety
-# --------------------------------------------------------------------------------------------
-
-
-def test_bind_onto_mock_context():
-    ctx = MockContext()
-    req0 = Request.from_bytes(PNG, "image/png", headers={"explain": "True"}, request_id="r0")
-    req1 = Request.json({"a": 1}, request_id="r1")
-    bt = batch(req0, req1)
-    assert bt.bind(ctx) is ctx
-    assert ctx.request_ids == {0: "r0", 1: "r1"}
-    assert ctx.get_request_id(1) == "r1"
-    assert ctx.get_request_header(0, "explain") == "True"
-    assert ctx.get_request_header(1, "explain") is None
-    assert ctx.get_request_header(0, "body") == {"content-type": "image/png"}
-    assert ctx.get_request_header(1, "Content-Type") == "application/json"
-    assert ctx.get_request_header(1, "content-type") is None  # names are case-sensitive
-    assert ctx.metrics.request_ids == {0: "r0", 1: "r1"}
-    ctx.metrics.add_time("T", 1.0, idx=1)
-    assert ctx.metrics.last("T").request_id == "r1"
-
-
-def test_bind_resets_statuses_from_a_previous_call():
-    ctx = MockContext()
-    bt = batch(Request.text("a"))
-    bt.bind(ctx)
-    ctx.set_response_status(500, "boom")
-    ctx.get_all_request_header(0)["injected"] = "x"
-    bt.bind(ctx)
-    assert ctx.get_response_status(0) == (200, None)
-    assert ctx.get_request_header(0, "injected") is None
-    assert "injected" not in bt.headers[0]
-
-
-def test_data_is_fresh_on_every_access():
-    bt = batch(Request.from_bytes(PNG, "image/png"), Request.json({"k": [1]}))
-    first = bt.data
-    first[0]["body"][0:4] = b"XXXX"
-    first[1]["body"]["k"].append(2)
-    first.append({"extra": 1})
-    second = bt.data
-    assert second[0]["body"] == bytearray(PNG)
-    assert second[1]["body"] == {"k": [1]}
-    assert len(second) == 2
-    assert second[0]["body"] is not first[0]["body"]
-    assert bt.requests[0].parameters[0].value == PNG
-    headers = bt.headers
-    headers[0]["body"]["content-type"] = "changed"
-    assert bt.headers[0]["body"] == {"content-type": "image/png"}
-
-
-# --------------------------------------------------------------------------------------------
-# coerce and raw data dicts
-# --------------------------------------------------------------------------------------------
-
-
-def test_coerce_variants():
-    req = Request.text("a")
-    bt = batch(req)
-    assert Batch.coerce(bt) is bt
-    assert Batch.coerce(req).requests == (req,)
-    assert Batch.coerce([req, req]).requests == (req, req)
-    assert len(Batch.coerce({"data": 1})) == 1
-    with pytest.raises(TypeError, match="expected a Batch"):
-        Batch.coerce("text")
-
-
-def test_coerce_raw_data_dicts_are_delivered_as_they_are():
-    class Thing:  # no HTTP form at all
-        def __init__(self):
-            self.n = 1
-
-    raw = [{"data": bytearray(b"img")}, {"data": {"a": [1]}, "name": "x"}, {"tensor": Thing()}]
-    bt = Batch.coerce(raw)
-    data = bt.data
-    assert data[:2] == raw[:2]
-    assert type(data[0]["data"]) is bytearray
-    assert isinstance(data[2]["tensor"], Thing) and data[2]["tensor"] is not raw[2]["tensor"]
-    data[1]["data"]["a"].append(2)
-    assert raw[1]["data"] == {"a": [1]} and bt.data[1]["data"] == {"a": [1]}
-    assert len(bt.request_ids) == 3 and len(set(bt.request_ids.values())) == 3
-    assert bt.headers == [
-        {"data": {"content-type": "application/octet-stream"}},
-        {"data": {"content-type": "application/json"}, "name": {"content-type": "text/plain"}},
-        {"tensor": {"content-type": ""}},
-    ]
-    # Values with an HTTP form become the request that would deliver them ...
-    assert bt[1].parameters == (
-        Parameter("data", b'{"a": [1]}', "application/json"),
-        Parameter("name", b"x", "text/plain"),
-    )
-    assert bt[1].request_id == bt.request_ids[1]
-    # ... the others cannot go on the wire.
-    with pytest.raises(TypeError, match="'tensor' holds a Thing, which has no HTTP form"):
-        bt.encode()
-    assert "as-is tensor: Thing" in repr(bt)
-    assert bt[2].wire_problem() and bt[1].wire_problem() is None
-    ctx = MockContext()
-    bt.bind(ctx)
-    assert ctx.get_request_header(1, "name") == {"content-type": "text/plain"}
-
-
-def test_mixed_requests_and_dicts():
-    bt = batch(Request.text("a"), {"data": "b"})
-    assert bt.data == [{"body": "a"}, {"data": "b"}]
-
-
 def test_from_data_requests_copy_and_travel():
     payload = {"data": bytes(b"as-is"), "n": [1]}
     req = Request.from_data(payload, headers={"explain": "True"}, request_id="d0")
@@ -419,55 +293,182 @@ def test_from_data_requests_copy_and_travel():
     assert req.header_dict() == {
         "data": {"content-type": "application/octet-stream"},
         "n": {"content-type": "application/json"},
+        "url_path": "",
         "explain": "True",
     }
     copy_ = req.with_headers(describe="True")
     assert copy_.data() == req.data() and copy_.request_id != "d0"
     # A batch of it, re-batched request by request (as a harness does), still delivers it.
     assert batch(*batch(req, Request.text("t")).requests).data[0] == {"data": b"as-is", "n": [1]}
-    with pytest.raises(TypeError, match="needs a dict"):
+    with pytest.raises(TypeError, match=r"needs a dict: got list; .*Request\.from_item\(x\)"):
         Request.from_data([1])
     with pytest.raises(TypeError, match="parameter name"):
         Request.from_data({1: "x"})
 
 
-def test_split_keeps_ids_and_decoding():
-    bt = batch(Request.json({"a": 1}, request_id="a"), {"t": object()}, decode=False)
-    parts = bt.split()
-    assert [len(p) for p in parts] == [1, 1]
-    assert [p.request_ids for p in parts] == [{0: "a"}, {0: bt.request_ids[1]}]
-    assert all(p.decode is False for p in parts)
-    assert parts[0].data == [{"body": bytearray(b'{"a": 1}')}]
+# --------------------------------------------------------------------------------------------
+# Headers TorchServe's frontend adds (InferenceRequestHandler.handlePredictions, 0.12)
+# --------------------------------------------------------------------------------------------
+
+FRONTEND = {"url_path": "", "explain": "False"}
+
+
+def test_every_request_carries_the_prediction_apis_headers(png_file):
+    req = Request.json({"a": 1})
+    assert req.url_path == "" and req.frontend_headers == FRONTEND
+    assert req.headers == {"Content-Type": "application/json"}  # what the client sent: unchanged
+    assert req.worker_headers() == {**FRONTEND, "Content-Type": "application/json"}
+    assert req.header_dict() == {"body": {"content-type": "application/json"}, **FRONTEND, "Content-Type": "application/json"}
+    ctx = MockContext()
+    batch(req).bind(ctx)
+    assert ctx.get_request_header(0, "explain") == "False"
+    assert ctx.get_request_header(0, "url_path") == ""
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda f, p: Request.from_bytes(b"x", "image/png", url_path=p),
+        lambda f, p: Request.from_bytes(b"x", name="data", url_path=p),
+        lambda f, p: Request.from_bytes(b"a=1", "application/x-www-form-urlencoded", url_path=p),
+        lambda f, p: Request.from_file(f, url_path=p),
+        lambda f, p: Request.from_file(f, name="data", url_path=p),
+        lambda f, p: Request.json([1], url_path=p),
+        lambda f, p: Request.text("t", url_path=p),
+        lambda f, p: Request.form({"data": "x"}, url_path=p),
+        lambda f, p: Request.from_data({"data": [1]}, url_path=p),
+    ],
+    ids=["bytes", "bytes-field", "urlencoded", "file", "file-field", "json", "text", "form", "from_data"],
+)
+def test_every_constructor_takes_url_path(png_file, build):
+    req = build(png_file, "v1/chat/completion")
+    assert req.url_path == "v1/chat/completion"
+    assert req.header_dict()["url_path"] == "v1/chat/completion"
+    assert req.header_dict()["explain"] == "False"
+    assert "url_path='v1/chat/completion'" in repr(req)
+    assert build(png_file, "").header_dict()["url_path"] == ""
+
+
+def test_with_url_path_copies():
+    req = Request.json([1, 5], headers={"X-Trace": "t"}, request_id="r")
+    routed = req.with_url_path("v1/sum")
+    assert routed.url_path == "v1/sum" and req.url_path == ""
+    assert routed.request_id != "r" and routed.headers == req.headers and routed.parameters == req.parameters
+    assert routed.with_url_path("").header_dict()["url_path"] == ""
+    with pytest.raises(TypeError, match="url_path is a str"):
+        req.with_url_path(None)
+    with pytest.raises(TypeError, match="url_path is a str"):
+        Request.text("x", url_path=["v1"])
+
+
+def test_headers_you_set_win_over_the_frontends():
+    req = Request.json({"a": 1})
+    explained = req.with_headers(explain="True")  # the request as /explanations delivers it
+    assert explained.header_dict()["explain"] == "True"
+    assert explained.worker_headers() == {"url_path": "", "explain": "True", "Content-Type": "application/json"}
+    ctx = MockContext()
+    batch(explained, req).bind(ctx)
+    assert [ctx.get_request_header(i, "explain") for i in range(2)] == ["True", "False"]
+    # A url_path header you set is what the worker sees, over the url_path argument.
+    assert req.with_url_path("a").with_headers(url_path="b").header_dict()["url_path"] == "b"
+    # Header names are case-sensitive: "Explain" is another header, next to the frontend's.
+    other_case = req.with_headers({"Explain": "True"}).header_dict()
+    assert other_case["Explain"] == "True" and other_case["explain"] == "False"
 
 
 # --------------------------------------------------------------------------------------------
-# Worker message and wire encoding (checked against TorchServe itself in test_ts_wire.py)
+# Raw items (Request.from_item): TorchServe's unit-test path
 # --------------------------------------------------------------------------------------------
 
 
-def test_to_worker_message_shape():
-    req = Request.from_bytes(b"\x01", "image/png", headers={"explain": "True"}, request_id="r0")
-    (msg,) = batch(req).to_worker_message()
-    assert msg["requestId"] == bytearray(b"r0") and type(msg["requestId"]) is bytearray
-    assert msg["headers"] == [
-        {"name": bytearray(b"Content-Type"), "value": bytearray(b"image/png")},
-        {"name": bytearray(b"explain"), "value": bytearray(b"True")},
-    ]
-    assert msg["parameters"] == [{"name": "body", "contentType": "image/png", "value": bytearray(b"\x01")}]
-    (plain,) = batch(Request.from_bytes(b"x")).to_worker_message()
-    assert plain["parameters"][0]["contentType"] == ""
+def test_from_item_is_delivered_as_it_is_with_no_headers():
+    row = [1.0, 2.0]
+    req = Request.from_item(row, request_id="i0")
+    row.append(3.0)  # the request keeps its own copy
+    assert req.data() == [1.0, 2.0] and req.item and req.request_id == "i0"
+    first = req.data()
+    first.append(9.0)
+    assert req.data() == [1.0, 2.0]  # and every delivery is a fresh copy
+    assert req.parameters == () and req.size == 0
+    assert req.header_dict() == {} and req.frontend_headers == {} and req.worker_headers() == {}
+    assert "request 0" not in repr(req) and "Request(item list, id=i0" in repr(req)
+    assert "unit-test path" in req.wire_problem()
+    assert req.with_headers(X="y").header_dict() == {"X": "y"}
+    assert Request.from_item(None).data() is None
+    assert Request.from_item("text").data() == "text"
+    assert Request.from_item({1: "a"}).data() == {1: "a"}  # any dict, no parameter entries
+    with pytest.raises(ValueError, match="raw item never came through the frontend"):
+        req.with_url_path("v1")
+    with pytest.raises(TypeError, match="got a Request: use it as it is"):
+        Request.from_item(req)
 
 
-def test_encode_frame_layout():
-    req = Request((Parameter("body", b"ab", "t"),), {"h": "v"}, "id")
+def test_from_item_copies_tensors_and_keeps_what_cannot_be_copied():
+    import torch
 
-    def field(b: bytes) -> bytes:
-        return struct.pack("!i", len(b)) + b
+    t = torch.tensor([[1.0, 2.0]])
+    req = Request.from_item(t)
+    got = req.data()
+    assert torch.equal(got, t) and got is not t
+    got.add_(1)
+    assert torch.equal(req.data(), t)
+    lock = threading.Lock()  # deepcopy refuses it: delivered as the same object
+    assert Request.from_item(lock).data() is lock
 
-    end = struct.pack("!i", -1)
-    headers = field(b"h") + field(b"v") + end
-    params = field(b"body") + field(b"t") + field(b"ab") + end
-    expected = b"I" + field(b"id") + headers + params + end
-    assert batch(req).encode() == expected
-    no_type = Request((Parameter("body", b"", None),), {}, "id")
-    assert batch(no_type).encode() == b"I" + field(b"id") + end + field(b"body") + field(b"") + field(b"") + end + end
+
+# --------------------------------------------------------------------------------------------
+# payload(): the one way handlers read a request's payload
+# --------------------------------------------------------------------------------------------
+
+PAYLOAD_CASES = [
+    ({"data": b"x"}, b"x"),
+    ({"body": bytearray(b"x")}, bytearray(b"x")),
+    ({"data": b"x", "body": b"y"}, b"x"),  # data first
+    ({"data": b"", "body": b"y"}, b"y"),  # an empty data falls through, as with `or`
+    ({"data": None, "body": "t"}, "t"),
+    ({"data": {}, "body": [1]}, [1]),
+    ({"data": 0, "body": 5}, 5),
+    ({"data": 3}, 3),
+    ({"body": bytearray()}, bytearray()),  # an empty body is empty, not None
+    ({"body": ""}, ""),
+    ({"body": 0}, 0),
+    ({"data": bytearray()}, bytearray()),  # TorchServe's expression gives None here
+    ({"data": 0}, 0),
+    ({"data": "", "body": None}, ""),
+    ({"caption": b"x"}, None),  # neither key
+    ({"body": None}, None),  # a JSON null body
+    ({}, None),
+]
+
+
+@pytest.mark.parametrize("row, expected", PAYLOAD_CASES)
+def test_payload_rule(row, expected):
+    got = payload(row)
+    assert got == expected and type(got) is type(expected)
+    ts_expression = row.get("data") or row.get("body")
+    if ts_expression is not None:  # wherever TorchServe's handlers get a value, it is the same
+        assert got is ts_expression
+
+
+def test_payload_of_raw_items_and_tensors():
+    import torch
+
+    raw = [1.0, 2.0]
+    assert payload(raw) is raw  # a raw item is its own payload
+    t = torch.ones(2, 2)  # bool(t) would raise: a tensor always counts as a value
+    assert payload({"data": t, "body": b"y"}) is t
+    assert payload(t) is t
+
+
+def test_payload_of_empty_bodies_as_the_worker_decodes_them():
+    empty = batch(
+        Request.from_bytes(b"", "application/octet-stream"),
+        Request.from_bytes(b"", "text/plain"),
+        Request.from_bytes(b""),
+        Request.form({"data": b""}),
+        Request.form({"caption": "x"}),
+    ).data
+    assert [payload(row) for row in empty] == [bytearray(), "", bytearray(), bytearray(), None]
+    with pytest.warns(Warning, match="not valid JSON"):  # an empty JSON body is no JSON
+        (row,) = batch(Request.from_bytes(b"", "application/json")).data
+    assert payload(row) == bytearray()

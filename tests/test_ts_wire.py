@@ -6,6 +6,8 @@
 (b) A real ``ts.service.Service`` runs an entry point on ``Batch.to_worker_message()``: it gets
 the same data, and its ``ts.context.Context`` answers like our bound ``MockContext``.
 (c) ``Batch.bind`` works on TorchServe's own Context.
+(d) The headers the frontend adds (``url_path``, ``explain``) travel in the frame, and
+TorchServe's own ``BaseHandler`` routes on them as on the server.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ def mixed_batch(png_file, tmp_path):
         Request.from_bytes(b'{"a": 1}', "application/json; charset=utf-8"),
         Request.from_bytes(b"data=hello+there&n=1", "application/x-www-form-urlencoded"),
         Request.json([1, 2], name="data").with_headers({"describe": "True", "ts_request_sequence_id": "seq-7"}),
+        Request.json({"prompt": "hi"}, url_path="v1/chat/completion"),
     )
 
 
@@ -196,6 +199,7 @@ def probe_context(ctx: Any, n: int) -> dict[str, Any]:
         "all_headers": [dict(ctx.get_all_request_header(i)) for i in range(n)],
         "explain": [ctx.get_request_header(i, "explain") for i in range(n)],
         "describe": [ctx.get_request_header(i, "describe") for i in range(n)],
+        "url_path": [ctx.get_request_header(i, "url_path") for i in range(n)],
         "body": [ctx.get_request_header(i, "body") for i in range(n)],
         "sequence": [ctx.get_sequence_id(i) for i in range(n)],
         "status_before": [ctx.get_response_status(i) for i in range(n)],
@@ -359,3 +363,57 @@ def test_streaming_intermediate_responses_are_collected():
     (sent,) = ctx.cl_socket.sent
     assert b"partial" in sent and b"r0" in sent
     assert ctx.get_response_headers(0) == {"ts_stream_next": "true"}
+
+
+# --------------------------------------------------------------------------------------------
+# (d) the headers the frontend adds, through TorchServe's decoder and its BaseHandler's routing
+# --------------------------------------------------------------------------------------------
+
+
+def test_frontend_headers_travel_in_the_frame_as_torchserve_reads_them():
+    b = batch(
+        Request.json([1], url_path="v1/chat/completion"),
+        Request.text("t").with_headers(explain="True"),  # as /explanations delivers it
+        Request.from_bytes(b"x").with_headers({"Explain": "True"}),  # another header: case counts
+        Request.from_data({"data": [1.0]}, url_path="v1/models"),
+    )
+    _, processors, input_batch, _ = through_torchserve(b)
+    seen = [rp.get_request_properties() for rp in processors]
+    assert_same_typed(seen, b.headers, "headers")
+    assert [(h["url_path"], h["explain"]) for h in seen] == [
+        ("v1/chat/completion", "False"),
+        ("", "True"),
+        ("", "False"),
+        ("v1/models", "False"),
+    ]
+    assert seen[2]["Explain"] == "True"
+    assert_same_typed(input_batch, b.data)
+
+
+@pytest.mark.parametrize("explain", [False, True])
+def test_torchserve_base_handler_routes_on_the_explain_header(tmp_path, explain):
+    """ts.torch_handler.base_handler.BaseHandler._is_explain, on the Context a real Service
+    built from our frame: a plain request is a prediction, ``with_headers(explain="True")`` an
+    explanation."""
+    from ts.torch_handler.base_handler import BaseHandler as TsBaseHandler
+
+    req = Request.json([1.0, 2.0])
+    b = batch(req.with_headers(explain="True") if explain else req)
+    routed = []
+
+    def entry_point(data, context):
+        if data is None:
+            return None
+        handler = TsBaseHandler()
+        handler.context = context
+        routed.append((handler._is_explain(), context.get_request_header(0, "explain"), context.get_request_header(0, "url_path")))
+        return ["ok"]
+
+    service = make_service(tmp_path, entry_point, RecordingMetrics())
+    service.predict(b.to_worker_message())
+    assert routed == [(explain, "True" if explain else "False", "")]
+    ours = MockContext()
+    b.bind(ours)
+    handler = TsBaseHandler()
+    handler.context = ours
+    assert handler._is_explain() is explain

@@ -331,7 +331,7 @@ class BaseHandler:
         """Requests to a tensor. TorchServe's default is ``torch.as_tensor(data)``; here a row
         that is a request dict is first replaced by its ``data`` or ``body`` value, so a JSON
         body ``[1.0, 2.0]`` works as well as TorchServe's own test input ``[[1.0, 2.0]]``."""
-        rows = [payload(row) if isinstance(row, dict) else row for row in data]
+        rows = [payload(row) for row in data]
         return torch.as_tensor(rows, device=self.device)
 
     @timed

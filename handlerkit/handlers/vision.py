@@ -105,7 +105,7 @@ class VisionHandler(BaseHandler):
     def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor:
         images = []
         for index, row in enumerate(data):
-            payload = request_payload(row) if isinstance(row, dict) else row
+            payload = request_payload(row)
             if payload is None or (isinstance(payload, (bytes, bytearray, str)) and not payload):
                 what = f"keys {list(row)}" if isinstance(row, dict) else type(row).__name__
                 empty = "an empty body" if payload is not None else f"no image under 'data' or 'body' ({what})"
