@@ -3,22 +3,25 @@
 TorchServe reads the file twice. The Java frontend (``ModelConfig.build``) picks out the
 server keys (``batchSize``, ``maxWorkers``, ...) and *ignores, with a log line*, any value of
 the wrong type: ``batchSize: "8"`` leaves the batch size at 1. The Python worker hands the
-whole mapping to the handler as ``context.model_yaml_config``, and ``BaseHandler.initialize``
-reads its ``pt2`` section to decide on ``torch.compile``.
+whole mapping to the handler as ``context.model_yaml_config``; the handler reads its own
+``handler:`` section (:class:`HandlerSettings`) and ``BaseHandler.initialize`` reads ``pt2:``
+to decide on ``torch.compile`` (:mod:`handlerkit.pt2`, :class:`Pt2Config`).
 
 handlerkit is stricter than the server where the server would fail quietly: a value of the
 wrong type is a :class:`~handlerkit.errors.ConfigError` (all problems reported together, one
-per line, each with its key path). Type rules follow the Java side exactly: an integer key needs
-a YAML integer that fits in 32 bits (``"8"``, ``8.0`` and ``true`` are rejected, as
-TorchServe ignores them), a boolean key needs a YAML boolean (``true``/``false``, and YAML 1.1's
-``yes``/``no``/``on``/``off``, which both PyYAML and SnakeYAML read as booleans; the quoted
-string ``"true"`` is rejected). Values TorchServe accepts but adjusts (``batchSize: 0`` becomes
-1) and unknown keys that look like typos are warnings (:class:`~handlerkit.errors.HandlerkitWarning`).
+per line, each with its key path; ``error.fix`` says what to write). Type rules follow the Java
+side exactly: an integer key needs a YAML integer that fits in 32 bits (``"8"``, ``8.0`` and
+``true`` are rejected, as TorchServe ignores them), a boolean key needs a YAML boolean
+(``true``/``false``, and YAML 1.1's ``yes``/``no``/``on``/``off``, which both PyYAML and
+SnakeYAML read as booleans; the quoted string ``"true"`` is rejected). Values TorchServe accepts
+but adjusts (``batchSize: 0`` becomes 1) and unknown keys that look like typos are warnings
+(:class:`~handlerkit.errors.HandlerkitWarning`).
 
 Example::
 
     cfg = load_config("model-config.yaml")   # batchSize: 4 / pt2: {compile: {enable: true}}
     cfg.batch_size                           # 4 (None when absent)
+    cfg.handler.topk, cfg.handler.tf32       # None, "auto" (typed, validated)
     cfg.pt2.compile, cfg.pt2.reason          # True, "pt2.compile.enable is true: ..."
     cfg.raw                                  # what the handler sees as context.model_yaml_config
 """
@@ -26,17 +29,21 @@ Example::
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from handlerkit._stack import user_stacklevel
+from handlerkit._text import did_you_mean
+from handlerkit._validate import Findings, describe
 from handlerkit.errors import ConfigError, HandlerkitWarning
+from handlerkit.pt2 import TORCHSERVE_PT2_BACKENDS, Pt2Config, _parse_pt2
 
 __all__ = [
+    "HandlerSettings",
     "ModelConfig",
     "Pt2Config",
     "load_config",
@@ -44,42 +51,6 @@ __all__ = [
     "SERVER_KEYS",
     "TORCHSERVE_PT2_BACKENDS",
 ]
-
-#: Backend names TorchServe 0.12 accepts (``ts.utils.util.PT2Backend``); with any other name it
-#: logs "<name> is not a supported backend" and serves the model uncompiled.
-TORCHSERVE_PT2_BACKENDS: tuple[str, ...] = (
-    "eager",
-    "aot_eager",
-    "inductor",
-    "nvfuser",
-    "aot_nvfuser",
-    "aot_cudagraphs",
-    "ofi",
-    "fx2trt",
-    "onnxrt",
-    "ipex",
-    "torchxla_trace_once",
-    "openvino",
-    "tensorrt",
-    "hpu_backend",
-)
-
-# torch.compile's keyword arguments (torch 2.14), with the YAML types that make sense for them.
-_COMPILE_KWARGS: dict[str, str] = {
-    "fullgraph": "bool",
-    "dynamic": "bool?",
-    "backend": "str",
-    "mode": "str?",
-    "options": "mapping",
-    "disable": "bool",
-    "name": "str?",
-    "recompile_limit": "int?",
-    "isolate_recompiles": "bool",
-    "dynamic_shapes": "any",
-}
-_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_EXPORT_KEYS: dict[str, str] = {"aot_compile": "bool"}
-_INT32 = (-(2**31), 2**31 - 1)
 
 
 @dataclass(frozen=True)
@@ -139,58 +110,59 @@ _TORCHRUN_KEYS: dict[str, tuple[str, int | None, str]] = {
 # Top-level names a typo is compared against (free sections other than these are fine).
 _KNOWN_TOP = (*_SERVER_KEYS, "handler", "pt2")
 
-Pt2Schema = Literal["none", "compile", "export", "legacy-str", "legacy-dict"]
+# The handler: keys handlerkit reads, with their defaults (HandlerSettings' typed fields).
+_HANDLER_DEFAULTS: dict[str, Any] = {"profile": False, "tf32": "auto", "topk": None}
 
 
-@dataclass(frozen=True)
-class Pt2Config:
-    """What TorchServe 0.12's ``BaseHandler.initialize`` would do with the ``pt2`` section.
+@dataclass(frozen=True, eq=False)
+class HandlerSettings(Mapping[str, Any]):
+    """The ``handler:`` section of model-config.yaml, validated once.
+
+    The keys handlerkit's handlers read are typed fields; every other key is kept in
+    :attr:`extra` for custom handlers (TorchServe's own read e.g. ``model_path``). It also reads
+    as the mapping that was written, so ``settings["topk"]``, ``settings.get("model_path")``,
+    ``"x" in settings`` and ``dict(settings)`` work as on the plain dict.
 
     Attributes:
-        schema: ``"none"`` (no ``pt2``), ``"compile"`` (``pt2: {compile: {...}}``), ``"export"``
-            (``pt2: {export: {...}}`` without ``compile``), ``"legacy-str"`` (``pt2: inductor``)
-            or ``"legacy-dict"`` (``pt2: {backend: ..., mode: ...}``).
-        compile: whether ``torch.compile`` is to be applied: requested by the config, and with
-            arguments torch.compile accepts (an unknown keyword, an unknown ``mode`` or ``mode``
-            with ``options`` make torch.compile raise, and TorchServe then serves the model
-            uncompiled). TorchServe also skips it when the backend is outside its list: see
-            :attr:`backend_known_to_torchserve` and :attr:`torchserve_compiles`.
-        compile_options: keyword arguments for ``torch.compile`` (a copy, ``enable`` removed).
-        backend: the backend name, or None for torch's default.
-        backend_known_to_torchserve: False when :attr:`backend` is not one of
-            :data:`TORCHSERVE_PT2_BACKENDS`; TorchServe 0.12 then skips compilation with only a
-            log line. (handlerkit's handler checks ``torch._dynamo.list_backends()`` instead.)
-        aot_compile: ``pt2.export.aot_compile`` is true (a ``.so`` serialized file is loaded
-            with AOTInductor).
-        deprecated: the legacy schema was used (TorchServe logs a deprecation warning).
-        reason: a sentence saying why the model is or is not compiled.
+        profile: record ``ts_handler_<stage>`` times (TorchServe's ``handler: {profile: true}``).
+        tf32: TF32 for CUDA matmuls and convolutions: ``"auto"`` (on for Ampere and newer, as
+            TorchServe does), ``True`` or ``False``.
+        topk: how many classes a classifier returns (a positive integer), None for its default.
+        extra: a copy of every other key of the section.
+        written: the typed keys the section set (a value equal to its default still reads as
+            written); a typed field that differs from its default always does.
     """
 
-    schema: Pt2Schema = "none"
-    compile: bool = False
-    compile_options: dict[str, Any] = field(default_factory=dict)
-    backend: str | None = None
-    backend_known_to_torchserve: bool = True
-    aot_compile: bool = False
-    deprecated: bool = False
-    reason: str = "no pt2 section: the model is not compiled"
+    profile: bool = False
+    tf32: Literal["auto"] | bool = "auto"
+    topk: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    written: frozenset[str] = field(default=frozenset(), repr=False)
 
-    @property
-    def torchserve_compiles(self) -> bool:
-        """Whether TorchServe 0.12 itself would apply ``torch.compile``."""
-        return self.compile and self.backend_known_to_torchserve
+    def _typed_keys(self) -> list[str]:
+        return [k for k, d in _HANDLER_DEFAULTS.items() if k in self.written or getattr(self, k) != d]
 
-    def __repr__(self) -> str:
-        parts = [f"schema={self.schema!r}", f"compile={self.compile}"]
-        if self.compile_options:
-            parts.append(f"compile_options={self.compile_options!r}")
-        if not self.backend_known_to_torchserve:
-            parts.append("backend_known_to_torchserve=False")
-        if self.aot_compile:
-            parts.append("aot_compile=True")
-        if self.deprecated:
-            parts.append("deprecated=True")
-        return f"Pt2Config({', '.join(parts)})"
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key`` as written (typed field, else :attr:`extra`), or ``default``."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __getitem__(self, key: str) -> Any:
+        if key in _HANDLER_DEFAULTS and key in self._typed_keys():
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._typed_keys() or key in self.extra
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._typed_keys()
+        yield from self.extra
+
+    def __len__(self) -> int:
+        return len(self._typed_keys()) + len(self.extra)
 
 
 @dataclass(frozen=True, repr=False)
@@ -205,7 +177,7 @@ class ModelConfig:
         raw: the mapping exactly as YAML gave it; handlers receive it as
             ``context.model_yaml_config``. Never modified by handlerkit.
         source: where it came from (a path, or ``"<dict>"``).
-        handler: a copy of the ``handler:`` section ({} when absent).
+        handler: the ``handler:`` section, typed (all defaults when absent).
         pt2: what TorchServe would do with the ``pt2:`` section.
         sections: copies of the other top-level sections (free sections for handlers,
             e.g. ``micro_batching``).
@@ -237,7 +209,7 @@ class ModelConfig:
     sequence_batching: bool | None = None
     async_communication: bool | None = None
     use_venv: bool | None = None
-    handler: dict[str, Any] = field(default_factory=dict)
+    handler: HandlerSettings = field(default_factory=HandlerSettings)
     pt2: Pt2Config = field(default_factory=Pt2Config)
     sections: dict[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -289,17 +261,18 @@ def load_config(path: str | os.PathLike[str]) -> ModelConfig:
             text = f.read()
     except FileNotFoundError as exc:
         raise ConfigError(
-            f"{source}: no such file; check the path (a model dir's config is the file named by "
-            f"the manifest's configFile, usually model-config.yaml)"
+            f"{source}: no such file",
+            fix="check the path (a model dir's config is the file named by the manifest's configFile, "
+            "usually model-config.yaml)",
         ) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot be read: {exc}") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(_yaml_error_message(source, exc)) from exc
+        raise _yaml_error(source, exc) from exc
     config = _parse(data, source)
-    _emit(config, stacklevel=3)
+    _emit(config)
     return config
 
 
@@ -317,7 +290,7 @@ def parse_config(mapping: Mapping[str, Any], source: str = "<dict>") -> ModelCon
         ConfigError: the top level is not a mapping or values have the wrong type.
     """
     config = _parse(mapping, source)
-    _emit(config, stacklevel=3)
+    _emit(config)
     return config
 
 
@@ -325,418 +298,161 @@ def parse_config(mapping: Mapping[str, Any], source: str = "<dict>") -> ModelCon
 # Parsing
 
 
-def _emit(config: ModelConfig, stacklevel: int) -> None:
+def _emit(config: ModelConfig) -> None:
     where = "" if config.source.startswith("<") else f" (in {config.source})"
     for message in config.warnings:
-        warnings.warn(f"handlerkit: {message}{where}", HandlerkitWarning, stacklevel=stacklevel)
+        warnings.warn(f"handlerkit: {message}{where}", HandlerkitWarning, stacklevel=user_stacklevel())
 
 
-def _yaml_error_message(source: str, exc: Exception) -> str:
+def _yaml_error(source: str, exc: Exception) -> ConfigError:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(exc, "problem", None)
     context = getattr(exc, "context", None)
     what = " ".join(p for p in (context, problem) if p) or str(exc).splitlines()[0]
     near = f" near line {mark.line + 1}" if mark is not None else ""
-    return (
-        f"{source}{where}: not valid YAML: {what}. Fix the YAML{near}: indent with spaces (not tabs), "
-        f"put a space after each ':', and quote values that contain ': ' or start with '{{', '[', '*' or '&'"
+    return ConfigError(
+        f"{source}{where}: not valid YAML: {what}",
+        fix=f"check the YAML{near}: indent with spaces (not tabs), put a space after each ':', and "
+        "quote values that contain ': ' or start with '{', '[', '*' or '&'",
     )
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
-
-
-def _looks_like(value: Any, kind: str) -> bool:
-    """Whether a string is the quoted form of a value of `kind` (for a friendlier message)."""
-    if not isinstance(value, str):
-        return False
-    text = value.strip().lower()
-    if kind == "int":
-        return text.lstrip("+-").isdigit()
-    if kind == "bool":
-        return text in ("true", "false", "yes", "no", "on", "off")
-    return False
-
-
-def _check_type(value: Any, kind: str, path: str, problems: list[str]) -> bool:
-    """Check one value against a kind; append a problem line and return False when it is wrong.
-
-    Kinds: ``int``, ``bool``, ``str``, ``mapping``, ``int_list``; a trailing ``?`` allows null;
-    ``any`` accepts everything.
-    """
-    if kind == "any":
-        return True
-    if kind.endswith("?"):
-        if value is None:
-            return True
-        kind = kind[:-1]
-    hint = ""
-    if kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            if _INT32[0] <= value <= _INT32[1]:
-                return True
-            problems.append(f"{path} must be an integer that fits in 32 bits, got {value}")
-            return False
-        expected = "an integer"
-        if _looks_like(value, "int"):
-            hint = f" (TorchServe ignores a quoted number: write {value.strip()} without quotes)"
-    elif kind == "bool":
-        if isinstance(value, bool):
-            return True
-        expected = "a boolean (true or false)"
-        if _looks_like(value, "bool"):
-            word = "true" if value.strip().lower() in ("true", "yes", "on") else "false"
-            hint = f" (TorchServe ignores a quoted boolean: write {word} without quotes)"
-    elif kind == "str":
-        if isinstance(value, str):
-            return True
-        expected = "a string"
-    elif kind == "mapping":
-        if isinstance(value, Mapping):
-            return True
-        expected = "a mapping"
-    elif kind == "int_list":
-        if isinstance(value, list):
-            ok = True
-            for i, item in enumerate(value):
-                ok = _check_type(item, "int", f"{path}[{i}]", problems) and ok
-            return ok
-        expected = "a list of integers"
-    else:  # pragma: no cover - a programming error in the tables above
-        raise ValueError(f"unknown kind {kind!r}")
-    problems.append(f"{path} must be {expected}, got {_describe(value)}{hint}")
-    return False
-
-
-def _nearest(
-    key: str, candidates: tuple[str, ...] | list[str], cutoff: float = 0.75, prefix: bool = True
-) -> str | None:
-    """The known key `key` was most likely meant to be, if any (`prefix`: accept a unique
-    candidate that starts with it, e.g. ``aot`` -> ``aot_compile``)."""
-    norm = key.lower().replace("_", "").replace("-", "")
-    for c in candidates:
-        if c.lower().replace("_", "").replace("-", "") == norm:
-            return c
-    if prefix and len(norm) >= 3:
-        prefixed = [c for c in candidates if c.lower().replace("_", "").replace("-", "").startswith(norm)]
-        if len(prefixed) == 1:
-            return prefixed[0]
-    lowered = {c.lower(): c for c in candidates}
-    match = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=cutoff)
-    return lowered[match[0]] if match else None
 
 
 def _parse(data: Any, source: str) -> ModelConfig:
     if data is None:
         raise ConfigError(
-            f"{source}: the file is empty; TorchServe 0.12 cannot register a model with an empty "
-            f"config. Write at least one key (e.g. 'batchSize: 1'), or drop --config-file"
+            f"{source}: the file is empty; TorchServe 0.12 cannot register a model with an empty config",
+            fix="write at least one key (e.g. 'batchSize: 1'), or drop --config-file",
         )
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"{source}: the top level must be a mapping of keys to values (e.g. 'batchSize: 4'), "
-            f"got {_describe(data)}"
+            f"{source}: the top level must be a mapping of keys to values, got {describe(data)}",
+            fix="write one 'key: value' per line, e.g. 'batchSize: 4'",
         )
 
-    problems: list[str] = []
-    notes: list[str] = []
+    found = Findings()
     values: dict[str, Any] = {}
     sections: dict[str, Any] = {}
-    handler: dict[str, Any] = {}
+    handler = HandlerSettings()
 
     for key, value in data.items():
         if not isinstance(key, str):
-            problems.append(
+            found.problem(
+                repr(key),
                 f"top-level key {key!r} must be a string (TorchServe's frontend fails on "
-                f"{type(key).__name__} keys); quote it"
+                f"{type(key).__name__} keys)",
+                fix=f"quote it: '{key}'",
             )
             continue
         spec = _SERVER_KEYS.get(key)
         if spec is not None:
-            if _check_type(value, spec.kind, key, problems):
-                values[spec.attr] = _server_value(spec, value, notes, problems)
-            continue
-        if key == "pt2":
-            continue  # analysed below
-        if key == "handler":
-            if _check_type(value, "mapping", "handler", problems):
-                handler = copy.deepcopy(dict(value))
-                if "profile" in handler:
-                    _check_type(handler["profile"], "bool", "handler.profile", problems)
-            continue
-        sections[key] = copy.deepcopy(value)
-        near = _nearest(key, _KNOWN_TOP, cutoff=0.8, prefix=False)
-        if near is not None:
-            notes.append(
-                f"unknown top-level key {key!r} (did you mean {near!r}?); TorchServe "
-                f"passes it to the handler as a free section and does not apply it as {near!r}"
-            )
+            if found.check(value, spec.kind, key):
+                values[spec.attr] = _server_value(spec, value, found)
+        elif key == "handler":
+            handler = _parse_handler(value, found)
+        elif key != "pt2":  # pt2 is analysed below
+            sections[key] = copy.deepcopy(value)
+            near = did_you_mean(key, _KNOWN_TOP, cutoff=0.8)
+            if near is not None:
+                found.note(
+                    f"unknown top-level key {key!r} (did you mean {near!r}?); TorchServe "
+                    f"passes it to the handler as a free section and does not apply it as {near!r}"
+                )
 
-    pt2 = Pt2Config()
-    if "pt2" in data:
-        pt2 = _parse_pt2(data["pt2"], source, problems, notes)
-
-    if problems:
-        error = ConfigError("\n".join(f"{source}: {p}" for p in problems))
-        error.problems = list(problems)  # type: ignore[attr-defined]
-        raise error
-
+    pt2 = _parse_pt2(data["pt2"], found) if "pt2" in data else Pt2Config()
+    found.raise_problems(source)
     return ModelConfig(
         raw=data,  # type: ignore[arg-type]
         source=source,
         handler=handler,
         pt2=pt2,
         sections=sections,
-        warnings=tuple(notes),
+        warnings=tuple(found.notes),
         **values,
     )
 
 
-def _server_value(spec: _Key, value: Any, notes: list[str], problems: list[str]) -> Any:
+def _server_value(spec: _Key, value: Any, found: Findings) -> Any:
     """A type-checked server value, with warnings for what TorchServe adjusts."""
     if spec.kind == "int" and spec.minimum is not None and value < spec.minimum:
-        notes.append(f"{spec.yaml}: {value} is below {spec.minimum}; TorchServe 0.12 {spec.below}")
+        found.note(f"{spec.yaml}: {value} is below {spec.minimum}; TorchServe 0.12 {spec.below}")
     elif spec.kind == "str" and spec.choices and value.lower() not in spec.choices:
-        near = _nearest(value, list(spec.choices), cutoff=0.6)
+        near = did_you_mean(value, spec.choices, cutoff=0.6, prefix=True)
         hint = f" (did you mean {near!r}?)" if near else ""
-        notes.append(
+        found.note(
             f"{spec.yaml}: {value!r} is not one of {', '.join(spec.choices)}{hint}; "
             f"TorchServe 0.12 treats it as unset"
         )
     elif spec.kind == "int_list":
         return list(value)
     elif spec.kind == "mapping":  # torchrun
-        return _parse_torchrun(value, notes, problems)
+        return _parse_torchrun(value, found)
     return value
 
 
-def _parse_torchrun(value: Mapping[Any, Any], notes: list[str], problems: list[str]) -> dict[str, Any]:
+def _parse_torchrun(value: Mapping[Any, Any], found: Findings) -> dict[str, Any]:
     for key, item in value.items():
         path = f"torchrun.{key}"
         if not isinstance(key, str):
-            problems.append(f"torchrun key {key!r} must be a string (TorchServe's frontend fails on it)")
+            found.problem(
+                path,
+                f"torchrun key {key!r} must be a string (TorchServe's frontend fails on it)",
+                fix=f"quote it: '{key}'",
+            )
             continue
         spec = _TORCHRUN_KEYS.get(key)
         if spec is None:
-            near = _nearest(key, list(_TORCHRUN_KEYS))
+            near = did_you_mean(key, _TORCHRUN_KEYS, prefix=True)
             hint = f" (did you mean {near!r}?)" if near else ""
-            notes.append(f"unknown key {path}{hint}; TorchServe 0.12 ignores it")
+            found.note(f"unknown key {path}{hint}; TorchServe 0.12 ignores it")
             continue
         kind, minimum, below = spec
-        if _check_type(item, kind, path, problems) and minimum is not None and item < minimum:
-            notes.append(f"{path}: {item} is below {minimum}; TorchServe 0.12 {below}")
+        if found.check(item, kind, path) and minimum is not None and item < minimum:
+            found.note(f"{path}: {item} is below {minimum}; TorchServe 0.12 {below}")
     return copy.deepcopy(dict(value))
 
 
-# ----------------------------------------------------------------------------------------------
-# pt2
-
-
-def _flow(value: Any) -> str:
-    """A value as one line of flow-style YAML, for messages."""
-    import yaml
-
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000).strip()
-
-
-def _unknown_keys(
-    mapping: Mapping[Any, Any], known: tuple[str, ...] | list[str], path: str, consequence: str, notes: list[str]
-) -> list[str]:
-    unknown = [k for k in mapping if k not in known]
-    for key in unknown:
-        near = _nearest(str(key), known) if isinstance(key, str) else None
-        hint = f" (did you mean {near!r}?)" if near else ""
-        notes.append(f"unknown key {path}.{key}{hint}; {consequence}")
-    return [str(k) for k in unknown]
-
-
-def _parse_pt2(value: Any, source: str, problems: list[str], notes: list[str]) -> Pt2Config:
-    """Mirror ``BaseHandler.initialize``'s reading of ``pt2`` (TorchServe 0.12)."""
-    if isinstance(value, str):
-        # TorchServe tests `"compile" in pt2` and `"export" in pt2` before checking the type, so a
-        # string is searched for those words as substrings.
-        if "compile" in value:
-            problems.append(
-                f"pt2 is the string {value!r}: TorchServe 0.12 looks for 'compile' in it, finds the "
-                f"substring and fails with TypeError (string indices must be integers); write "
-                f"pt2: {{compile: {{enable: true, backend: inductor}}}}"
+def _parse_handler(value: Any, found: Findings) -> HandlerSettings:
+    """The ``handler:`` section: typed keys checked, the others kept for custom handlers."""
+    if not found.check(value, "mapping", "handler"):
+        return HandlerSettings()
+    typed: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in _HANDLER_DEFAULTS:
+            extra[key] = copy.deepcopy(item)
+            near = did_you_mean(key, _HANDLER_DEFAULTS, cutoff=0.8) if isinstance(key, str) else None
+            if near is not None:
+                found.note(
+                    f"unknown key handler.{key} (did you mean {near!r}?); it is not read as {near!r}, "
+                    f"only kept in handler.extra for a custom handler"
+                )
+        elif key == "profile":
+            if found.check(item, "bool", "handler.profile"):
+                typed[key] = item
+        elif key == "tf32":
+            if isinstance(item, bool) or item == "auto":
+                typed[key] = item
+            else:
+                quoted = isinstance(item, str) and item.strip().lower() in ("true", "false", "auto")
+                found.problem(
+                    "handler.tf32",
+                    f"handler.tf32 must be auto, true or false, got {describe(item)}",
+                    fix=f"write {item.strip().lower()} without quotes or capitals"
+                    if quoted
+                    else "write tf32: auto (TF32 on Ampere and newer GPUs, as TorchServe does), true or false",
+                )
+        elif item is None or _positive_int(item):  # topk: null means the handler's default
+            typed[key] = item
+        else:  # topk
+            quoted = isinstance(item, str) and item.strip().isdigit() and int(item) > 0
+            found.problem(
+                "handler.topk",
+                f"handler.topk must be a positive integer (how many classes to return), got {describe(item)}",
+                fix=f"write {item.strip()} without quotes" if quoted else "write e.g. 'handler: {topk: 5}'",
             )
-            return Pt2Config()
-        if "export" in value:
-            notes.append(
-                f"pt2: {value!r} contains 'export', so TorchServe 0.12 takes it for the export "
-                f"schema and does not compile; write pt2: {{export: {{aot_compile: true}}}} or "
-                f"pt2: {{compile: {{enable: true, backend: ...}}}}"
-            )
-            return Pt2Config(schema="legacy-str", deprecated=True, reason=f"pt2: {value!r} is read as the export schema: not compiled")
-        notes.append(
-            f"pt2: {value!r} is the legacy schema (TorchServe 0.12 still compiles it but logs a "
-            f"deprecation warning); write pt2: {{compile: {{enable: true, backend: {value}}}}}"
-        )
-        return _compile_config("legacy-str", {"backend": value}, problems, notes, deprecated=True, path="pt2")
-
-    if not isinstance(value, Mapping):
-        crash = (
-            "fails with ValueError 'pt2 should be str or dict'"
-            if isinstance(value, list)
-            else "fails with TypeError (it tests 'compile' in pt2)"
-        )
-        problems.append(
-            f"pt2 must be a backend name (string) or a mapping, got {_describe(value)}; TorchServe 0.12 "
-            f"{crash}. Write pt2: {{compile: {{enable: true, backend: inductor}}}}"
-        )
-        return Pt2Config()
-
-    aot_compile = False
-    if "export" in value:
-        export = value["export"]
-        if _check_type(export, "mapping", "pt2.export", problems):
-            _unknown_keys(
-                export, tuple(_EXPORT_KEYS), "pt2.export", "TorchServe 0.12 reads only pt2.export.aot_compile", notes
-            )
-            if "aot_compile" in export and _check_type(export["aot_compile"], "bool", "pt2.export.aot_compile", problems):
-                aot_compile = export["aot_compile"]
-
-    if "compile" in value:
-        _unknown_keys(value, ("compile", "export"), "pt2", "TorchServe 0.12 ignores it next to pt2.compile", notes)
-        section = value["compile"]
-        if not _check_type(section, "mapping", "pt2.compile", problems):
-            return Pt2Config(schema="compile")
-        if "enable" not in section:
-            problems.append(
-                f"pt2.compile has no 'enable' key: TorchServe 0.12 fails with KeyError 'enable'. "
-                f"Add enable: true (or enable: false to switch compilation off), e.g. "
-                f"pt2: {_flow({'compile': {'enable': True, **dict(section)}})}"
-            )
-            return Pt2Config(schema="compile")
-        enable = section["enable"]
-        options = {k: v for k, v in section.items() if k != "enable"}
-        if not _check_type(enable, "bool", "pt2.compile.enable", problems):
-            return Pt2Config(schema="compile")
-        if not enable:
-            _compile_config("compile", options, problems, [], deprecated=False, path="pt2.compile")
-            return Pt2Config(
-                schema="compile",
-                compile_options=copy.deepcopy(options),
-                backend=options.get("backend") if isinstance(options.get("backend"), str) else None,
-                aot_compile=aot_compile,
-                reason="pt2.compile.enable is false: the model is not compiled",
-            )
-        return _compile_config(
-            "compile", options, problems, notes, deprecated=False, path="pt2.compile", aot_compile=aot_compile
-        )
-
-    if "export" in value:
-        _unknown_keys(value, ("compile", "export"), "pt2", "TorchServe 0.12 ignores it next to pt2.export", notes)
-        reason = "pt2.export without pt2.compile: TorchServe 0.12 does not call torch.compile"
-        if aot_compile:
-            reason += "; pt2.export.aot_compile is true: a .so serialized file is loaded with AOTInductor"
-        return Pt2Config(schema="export", aot_compile=aot_compile, reason=reason)
-
-    # Legacy: the mapping itself is torch.compile's keyword arguments.
-    options = dict(value)
-    if "enable" in options:
-        notes.append(
-            f"pt2.enable: TorchServe 0.12 reads a pt2 mapping without 'compile' as torch.compile's "
-            f"arguments, and torch.compile has no 'enable' (it raises TypeError, so the model is "
-            f"served uncompiled); write pt2: {_flow({'compile': options})}"
-        )
-        return Pt2Config(
-            schema="legacy-dict",
-            compile_options=copy.deepcopy(options),
-            deprecated=True,
-            reason="pt2.enable is not a torch.compile argument: torch.compile raises TypeError, the model is not compiled",
-        )
-    notes.append(
-        f"pt2: {_flow(options)} is the legacy schema (TorchServe 0.12 still compiles it but logs a "
-        f"deprecation warning); write pt2: {_flow({'compile': {'enable': True, **options}})}"
-    )
-    return _compile_config("legacy-dict", options, problems, notes, deprecated=True, path="pt2")
+    return HandlerSettings(**typed, extra=extra, written=frozenset(typed))
 
 
-def _compile_config(
-    schema: Pt2Schema,
-    options: dict[str, Any],
-    problems: list[str],
-    notes: list[str],
-    *,
-    deprecated: bool,
-    path: str,
-    aot_compile: bool = False,
-) -> Pt2Config:
-    """A Pt2Config for a compile request with these torch.compile options."""
-    for key, value in options.items():
-        kind = _COMPILE_KWARGS.get(key) if isinstance(key, str) else None
-        if kind is not None:
-            _check_type(value, kind, f"{path}.{key}", problems)
-    unknown = _unknown_keys(
-        options,
-        tuple(_COMPILE_KWARGS),
-        path,
-        "torch.compile has no such argument: it raises TypeError and TorchServe 0.12 serves the model uncompiled",
-        notes,
-    )
-    backend = options.get("backend")
-    backend = backend if isinstance(backend, str) else None
-    known = backend is None or backend in TORCHSERVE_PT2_BACKENDS
-    mode = options.get("mode")
-    blocked = ""
-    if unknown:
-        blocked = f"torch.compile has no argument {', '.join(map(repr, unknown))}"
-    elif isinstance(mode, str) and mode not in _COMPILE_MODES:
-        near = _nearest(mode, list(_COMPILE_MODES), cutoff=0.6)
-        hint = f" (did you mean {near!r}?)" if near else ""
-        blocked = f"torch.compile does not know mode {mode!r}"
-        notes.append(
-            f"{path}.mode: {mode!r} is not one of {', '.join(_COMPILE_MODES)}{hint}; torch.compile "
-            f"raises and TorchServe 0.12 serves the model uncompiled"
-        )
-    elif mode is not None and options.get("options") is not None:
-        blocked = "torch.compile refuses mode and options together"
-        notes.append(
-            f"{path}: mode and options are both set; torch.compile refuses that and TorchServe 0.12 "
-            f"serves the model uncompiled. Keep one of them"
-        )
-    if not known:
-        notes.append(
-            f"{path}.backend: {backend!r} is not in TorchServe 0.12's backend list "
-            f"(ts.utils.util.PT2Backend), so TorchServe skips compilation with only a log line "
-            f"'{backend} is not a supported backend'; handlerkit compiles it if torch knows it"
-        )
-
-    call = ", ".join(["model", *(f"{k}={v!r}" for k, v in options.items())])
-    origin = {
-        "compile": "pt2.compile.enable is true",
-        "legacy-str": f"pt2: {backend!r} (legacy schema)",
-        "legacy-dict": "pt2 mapping without compile/export (legacy schema)",
-    }.get(schema, path)
-    if blocked:
-        reason = f"{origin}, but {blocked}: torch.compile raises, so the model is not compiled"
-    else:
-        reason = f"{origin}: torch.compile({call})"
-        if backend is None:
-            reason += " with torch's default backend"
-        if not known:
-            reason += (
-                f"; TorchServe 0.12 skips it because {backend!r} is not in its backend list, "
-                f"handlerkit applies it if torch._dynamo.list_backends() has it"
-            )
-    if aot_compile:
-        reason += "; pt2.export.aot_compile is true: a .so serialized file is loaded with AOTInductor"
-    return Pt2Config(
-        schema=schema,
-        compile=not blocked,
-        compile_options=copy.deepcopy(options),
-        backend=backend,
-        backend_known_to_torchserve=known,
-        aot_compile=aot_compile,
-        deprecated=deprecated,
-        reason=reason,
-    )
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

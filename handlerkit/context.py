@@ -1,38 +1,42 @@
 """TorchServe's handler context, rebuilt so a handler can run in a notebook or a test.
 
-Three pieces, each faithful to TorchServe 0.12 (``ts/context.py``, ``ts/metrics/``):
+Faithful to TorchServe 0.12's ``ts/context.py``:
 
 - :class:`RequestProcessor` holds one request's headers and the response status and headers
   the handler sets for it, with TorchServe's method names.
-- :class:`RecordingMetrics` implements TorchServe's metrics API (``add_counter``, ``add_time``,
-  ``add_metric_to_cache`` …) and records every value as a :class:`MetricRecord` instead of
-  logging it, so a notebook or a test can read them back.
+- :func:`bind_requests` gives a context a new batch, as the worker does before every call;
+  :func:`read_responses` (and :class:`ResponseInfo`) read back what the handler set.
 - :class:`MockContext` is a drop-in for ``ts.context.Context``: the attributes and methods a
   handler uses, plus :meth:`MockContext.from_model_dir` and :meth:`MockContext.responses`.
 
-Nothing here imports ``ts`` or ``torch``.
+The model dir (manifest, config discovery) is read by :mod:`handlerkit.modeldir`, the model
+config checked by :mod:`handlerkit.config`, and ``context.metrics`` is a
+:class:`~handlerkit.metrics.RecordingMetrics` (its names are re-exported here). Nothing here
+imports ``ts`` or ``torch``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import uuid
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from handlerkit.errors import ConfigError, HandlerkitWarning, ModelLoadError
-from handlerkit.metrics import (
+from handlerkit.metrics import (  # re-exported: handlerkit.context.MetricRecord etc. keep working
     Dimension,
     MetricRecord,
     MetricType,
     RecordedMetric,
     RecordingMetrics,
-    _user_stacklevel,
 )
+from handlerkit.modeldir import read_config, read_model_dir, resolve_path
+
+try:  # TODO(lead): drop the guard once handlerkit.metrics_config has landed
+    from handlerkit.metrics_config import load_metrics_config as _load_metrics_config
+except ImportError:  # pragma: no cover - only before that module exists
+    _load_metrics_config = None
 
 __all__ = [
     "Dimension",
@@ -199,14 +203,14 @@ class MockContext:
 
     A handler gets everything it reads from TorchServe's context: ``model_name``, ``manifest``,
     ``system_properties`` (``model_dir``, ``gpu_id``, ``batch_size``, ``server_name``,
-    ``server_version``, ``limit_max_image_pixels``), ``model_yaml_config`` (a plain dict),
+    ``server_version``, ``limit_max_image_pixels``), ``model_yaml_config`` (a plain dict, its own deep copy),
     ``metrics``, per-request headers and response status. It is duck-typed: handlers written
     for TorchServe take it unchanged, and ``ts`` need not be installed.
 
     Build it from a model dir (reads ``MAR-INF/MANIFEST.json`` or infers one, loads the model
     config)::
 
-        ctx = MockContext.from_model_dir("fixtures/models/shapes")
+        ctx = MockContext.from_model_dir("fixtures/models/image_classifier")
 
     or with the arguments of TorchServe's own test ``MockContext``::
 
@@ -243,6 +247,8 @@ class MockContext:
         model_yaml_config: the model config as a mapping (instead of a file).
         metrics: a metrics store; a fresh :class:`RecordingMetrics` by default.
         server_version: ``system_properties["server_version"]``.
+        metrics_config: TorchServe's ``metrics.yaml`` for the fresh :class:`RecordingMetrics`
+            (None: TorchServe's default config); not with ``metrics``.
 
     Attributes:
         inferred: for :meth:`from_model_dir` without a MANIFEST, each manifest key handlerkit
@@ -265,10 +271,13 @@ class MockContext:
         model_yaml_config: Mapping[str, Any] | None = None,
         metrics: Any = None,
         server_version: str = "0.12.0",
+        metrics_config: str | os.PathLike[str] | None = None,
     ) -> None:
         model_dir = os.path.abspath(os.fspath(model_dir) if model_dir is not None else os.getcwd())
         if model_yaml_config is not None and model_yaml_config_file:
             raise ValueError("pass model_yaml_config or model_yaml_config_file, not both")
+        if metrics is not None and metrics_config is not None:
+            raise ValueError("pass metrics or metrics_config, not both (metrics_config configures a fresh store)")
         if manifest is None:
             model: dict[str, Any] = {"modelName": model_name}
             if model_pt_file:
@@ -279,7 +288,7 @@ class MockContext:
                 model["configFile"] = model_yaml_config_file
             manifest = {"model": model}
         if model_yaml_config_file:
-            config = _read_yaml(Path(model_dir, model_yaml_config_file))
+            config = read_config(Path(model_dir, model_yaml_config_file))
         else:
             config = _plain_config(model_yaml_config)
 
@@ -294,7 +303,7 @@ class MockContext:
             "limit_max_image_pixels": limit_max_image_pixels,
         }
         self.model_yaml_config: dict[str, Any] = config
-        self.metrics = metrics if metrics is not None else RecordingMetrics()
+        self.metrics = metrics if metrics is not None else _recording_metrics(metrics_config)
         if getattr(self.metrics, "model_name", "") is None:
             # TorchServe's worker names the metrics cache after the model it loads.
             self.metrics.model_name = model_name
@@ -400,15 +409,14 @@ class MockContext:
         model_name: str | None = None,
         config: str | os.PathLike[str] | None = None,
         limit_max_image_pixels: bool = True,
+        metrics_config: str | os.PathLike[str] | None = None,
     ) -> MockContext:
         """A context for an unpacked model archive (or a dir laid out like one).
 
         The manifest comes from ``MAR-INF/MANIFEST.json`` when present. Otherwise it is
-        inferred from the files: ``serializedFile`` is the single weights file (``*.pt``,
-        ``*.pth``, ``*.bin``, ``*.onnx``, ``*.pt2``, ``*.so``, ``*.safetensors``),
-        ``modelFile`` is ``model.py``, ``handler`` is ``handler.py``, ``configFile`` is
-        ``model-config.yaml`` (each only when present), ``modelName`` the dir name. One
-        :class:`HandlerkitWarning` says what was inferred; :attr:`inferred` keeps it.
+        inferred from the files (the single weights file, ``model.py``, ``handler.py``,
+        ``model-config.yaml``: :func:`handlerkit.modeldir.infer_manifest`), a short
+        :class:`HandlerkitWarning` says so, and :attr:`inferred` keeps each key and why.
 
         The model config is the ``config`` argument, else the manifest's ``configFile``
         (TorchServe loads nothing else). ``batch_size`` defaults to the config's
@@ -422,52 +430,37 @@ class MockContext:
             config: a model config YAML to load instead; a relative path is looked up in the
                 model dir, then in the working directory.
             limit_max_image_pixels: ``system_properties["limit_max_image_pixels"]``.
+            metrics_config: TorchServe's ``metrics.yaml`` (None: TorchServe's default); a
+                relative path is looked up like ``config``.
 
         Raises:
             ModelLoadError: a missing dir, a malformed MANIFEST.json, several candidate weights
-                files, or a config file that does not exist.
-            ConfigError: a config file that is not a YAML mapping.
+                files, or a config or metrics config file that does not exist.
+            ConfigError: a config file that does not validate, or a ``batchSize`` below 1.
         """
-        model_dir = Path(path).expanduser()
-        if not model_dir.is_dir():
-            what = "is not a directory" if model_dir.exists() else "does not exist"
-            raise ModelLoadError(
-                f"model dir {os.fspath(path)!r} {what}; pass the folder holding the model "
-                "files (an unpacked .mar)",
-                path=os.fspath(path),
-            )
-        model_dir = model_dir.resolve()
-        manifest_path = model_dir / "MAR-INF" / "MANIFEST.json"
-        if manifest_path.is_file():
-            manifest, inferred = _read_manifest(manifest_path), {}
-        else:
-            manifest, inferred = _infer_manifest(model_dir, model_name)
-            _warn_inferred(model_dir, manifest, inferred)
-        model = manifest["model"]
-
-        config_path = _config_path(model_dir, config, model, manifest_from_file=not inferred)
-        yaml_config = _read_yaml(config_path) if config_path is not None else {}
-        if batch_size is None:
-            batch_size = _config_batch_size(yaml_config, config_path)
-
+        found = read_model_dir(path, model_name=model_name, config=config)
+        if metrics_config is not None:
+            metrics_config = resolve_path(found.path, metrics_config, "metrics_config")
+        model = found.manifest["model"]
         ctx = cls(
-            model_dir=model_dir,
+            model_dir=found.path,
             gpu_id=gpu_id,
-            model_name=model_name or model.get("modelName") or model_dir.name,
-            manifest=manifest,
-            batch_size=batch_size,
+            model_name=model_name or model.get("modelName") or found.path.name,
+            manifest=found.manifest,
+            batch_size=found.batch_size if batch_size is None else batch_size,
             limit_max_image_pixels=limit_max_image_pixels,
-            model_yaml_config=yaml_config,
+            model_yaml_config=found.config,
+            metrics_config=metrics_config,
         )
-        ctx.inferred = inferred
+        ctx.inferred = found.inferred
         return ctx
 
 
-# --------------------------------------------------------------------------------------------
-# Model dir helpers
-# --------------------------------------------------------------------------------------------
-
-_WEIGHTS_SUFFIXES = (".pt", ".pth", ".bin", ".onnx", ".pt2", ".so", ".safetensors")
+def _recording_metrics(metrics_config: str | os.PathLike[str] | None) -> Any:
+    """A fresh RecordingMetrics configured by TorchServe's metrics.yaml (None: its default)."""
+    # TODO(lead): drop the guard (see the import) once load_metrics_config has landed.
+    config = _load_metrics_config(metrics_config) if _load_metrics_config is not None else None
+    return RecordingMetrics(config=config) if config is not None else RecordingMetrics()
 
 
 def _plain_config(config: Any) -> dict[str, Any]:
@@ -477,126 +470,6 @@ def _plain_config(config: Any) -> dict[str, Any]:
     raw = getattr(config, "raw", config)
     if not isinstance(raw, Mapping):
         raise TypeError(f"model_yaml_config must be a mapping: got {type(config).__name__}")
-    # A deep copy: TorchServe's BaseHandler.initialize deletes pt2.compile.enable from the
-    # dict it is given, which must not reach the caller's config.
+    # Always a private deep copy: TorchServe's BaseHandler.initialize deletes
+    # pt2.compile.enable from the dict it is given, which must not reach the caller's config.
     return copy.deepcopy(dict(raw))
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    """Read and validate a model config (handlerkit.config); the handler gets the plain dict."""
-    from handlerkit.config import load_config
-
-    if not path.exists():
-        raise ModelLoadError(f"model config {str(path)!r} does not exist", path=str(path))
-    return load_config(path).to_dict()
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    fix = (
-        "fix the file, or delete MAR-INF/MANIFEST.json to let handlerkit infer the manifest "
-        "from the files"
-    )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path} is not valid JSON ({exc}); {fix}", path=str(path)) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}; {fix}", path=str(path)) from exc
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("model"), dict):
-        raise ModelLoadError(
-            f"{path} must be a JSON object with a \"model\" object, as torch-model-archiver "
-            f'writes: {{"runtime": "python", "model": {{"modelName": ..., "handler": ...}}}}; {fix}',
-            path=str(path),
-        )
-    return manifest
-
-
-def _infer_manifest(model_dir: Path, model_name: str | None) -> tuple[dict[str, Any], dict[str, str]]:
-    files = sorted(p.name for p in model_dir.iterdir() if p.is_file())
-    weights = [name for name in files if name.endswith(_WEIGHTS_SUFFIXES)]
-    if len(weights) > 1:
-        raise ModelLoadError(
-            f"model dir {str(model_dir)!r} has several weights files: {', '.join(weights)}; "
-            "handlerkit cannot tell which is the model. Write MAR-INF/MANIFEST.json naming "
-            '"serializedFile" (torch-model-archiver --serialized-file does), or keep only one',
-            path=str(model_dir),
-        )
-    model: dict[str, Any] = {}
-    inferred: dict[str, str] = {}
-    if model_name:
-        model["modelName"], inferred["modelName"] = model_name, "the model_name argument"
-    else:
-        model["modelName"], inferred["modelName"] = model_dir.name, "the model dir's name"
-    if weights:
-        model["serializedFile"] = weights[0]
-        inferred["serializedFile"] = "the only weights file in the dir"
-    optional = (("modelFile", "model.py"), ("handler", "handler.py"), ("configFile", "model-config.yaml"))
-    for key, filename in optional:
-        if filename in files:
-            model[key], inferred[key] = filename, f"{filename} is in the dir"
-    model["modelVersion"], inferred["modelVersion"] = "1.0", "default"
-    inferred["runtime"] = "default"
-    return {"runtime": "python", "model": model}, inferred
-
-
-def _warn_inferred(model_dir: Path, manifest: dict[str, Any], inferred: dict[str, str]) -> None:
-    model = manifest["model"]
-    parts = []
-    for key, why in inferred.items():
-        value = manifest["runtime"] if key == "runtime" else model[key]
-        parts.append(f"{key}={value!r} ({why})")
-    if "serializedFile" not in model:
-        parts.append(f"no serializedFile (no {'/'.join('*' + s for s in _WEIGHTS_SUFFIXES)} file)")
-    warnings.warn(
-        f"handlerkit: {model_dir} has no MAR-INF/MANIFEST.json; inferred the manifest from the "
-        f"files: {'; '.join(parts)}. Write MAR-INF/MANIFEST.json to make this explicit",
-        HandlerkitWarning,
-        stacklevel=_user_stacklevel(),
-    )
-
-
-def _config_path(
-    model_dir: Path,
-    config: str | os.PathLike[str] | None,
-    model: Mapping[str, Any],
-    *,
-    manifest_from_file: bool,
-) -> Path | None:
-    if config is not None:
-        given = Path(config).expanduser()
-        if given.is_absolute():
-            return given
-        for candidate in (model_dir / given, Path.cwd() / given):
-            if candidate.is_file():
-                return candidate
-        raise ModelLoadError(
-            f"config {os.fspath(config)!r} not found in the model dir ({model_dir}) nor in the "
-            f"working directory ({Path.cwd()})",
-            path=os.fspath(config),
-        )
-    name = model.get("configFile")
-    if name:
-        path = model_dir / name
-        if not path.is_file():
-            raise ModelLoadError(
-                f"the manifest names configFile {name!r} but {path} does not exist; add the file "
-                "or remove configFile from MAR-INF/MANIFEST.json",
-                path=str(path),
-            )
-        return path
-    if manifest_from_file and (model_dir / "model-config.yaml").is_file():
-        warnings.warn(
-            f"handlerkit: {model_dir / 'model-config.yaml'} is not loaded: MAR-INF/MANIFEST.json "
-            "names no configFile, so TorchServe would not load it either (archive with "
-            "--config-file model-config.yaml, or pass config=)",
-            HandlerkitWarning,
-            stacklevel=_user_stacklevel(),
-        )
-    return None
-
-
-def _config_batch_size(config: Mapping[str, Any], path: Path | None) -> int:
-    value = config.get("batchSize", 1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"batchSize in {path} must be a positive integer: got {value!r}")
-    return value

@@ -1,15 +1,19 @@
-"""MockContext, RequestProcessor and the recording metrics store (handlerkit.context)."""
+"""MockContext, RequestProcessor and the recording metrics store (handlerkit.context).
+
+Reading a model dir (manifest, config discovery) is tested in test_modeldir.py.
+"""
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import uuid
-import warnings
 from pathlib import Path
 
 import pytest
 
+from handlerkit import context as context_module
+from handlerkit.config import parse_config
 from handlerkit.context import (
     Dimension,
     MetricRecord,
@@ -21,7 +25,7 @@ from handlerkit.context import (
     bind_requests,
     read_responses,
 )
-from handlerkit.errors import ConfigError, HandlerkitWarning, ModelLoadError
+from handlerkit.errors import HandlerkitWarning, ModelLoadError
 
 # ---------------------------------------------------------------------------------------------
 # RequestProcessor
@@ -259,222 +263,91 @@ def test_repr():
     assert "shapes" in text and "gpu_id=None" in text and "requests=1" in text
 
 
+def test_model_yaml_config_file_missing(tmp_path):
+    with pytest.raises(ModelLoadError, match="model config '.*nope.yaml' does not exist") as info:
+        MockContext(model_dir=tmp_path, model_yaml_config_file="nope.yaml")
+    assert info.value.fix == "check the name (it is relative to the model dir)"
+
+
+def test_model_yaml_config_is_a_private_deep_copy():
+    raw = {"pt2": {"compile": {"enable": True, "backend": "eager"}}, "handler": {"topk": 2}}
+    for given in (raw, parse_config(raw)):
+        ctx = MockContext(model_yaml_config=given)
+        assert ctx.model_yaml_config == raw and ctx.model_yaml_config is not raw
+        # TorchServe's BaseHandler.initialize does this to the dict it is handed:
+        del ctx.model_yaml_config["pt2"]["compile"]["enable"]
+        assert raw["pt2"]["compile"] == {"enable": True, "backend": "eager"}
+
+
+def test_docstring_example_names_a_real_model_dir():
+    root = Path(__file__).resolve().parents[1]
+    examples = re.findall(r'from_model_dir\("([^"]+)"\)', MockContext.__doc__)
+    assert examples == ["fixtures/models/image_classifier"]
+    assert (root / examples[0]).is_dir()
+
+
 # ---------------------------------------------------------------------------------------------
-# from_model_dir
+# metrics_config: TorchServe's metrics.yaml for the fresh RecordingMetrics
 # ---------------------------------------------------------------------------------------------
 
 
-def _manifest(tmp_path: Path, model: dict, **top) -> Path:
-    (tmp_path / "MAR-INF").mkdir()
-    path = tmp_path / "MAR-INF" / "MANIFEST.json"
-    path.write_text(json.dumps({"createdOn": "01/01/2025", "runtime": "python", "model": model, **top}))
-    return path
+class _ConfiguredMetrics(RecordingMetrics):
+    """Records the config it was built with (RecordingMetrics(config=...))."""
+
+    def __init__(self, *args, config=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.given_config = config
 
 
-def test_from_model_dir_reads_manifest_and_config(tmp_path):
-    _manifest(
-        tmp_path,
-        {
-            "modelName": "shapes",
-            "serializedFile": "weights.pth",
-            "handler": "image_classifier",
-            "modelFile": "model.py",
-            "modelVersion": "2.0",
-            "configFile": "conf.yaml",
-        },
-    )
-    (tmp_path / "conf.yaml").write_text("batchSize: 4\nhandler:\n  topk: 2\n")
-    (tmp_path / "weights.pth").write_bytes(b"x")
-    (tmp_path / "other.pt").write_bytes(b"x")  # ignored: the manifest decides
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ctx = MockContext.from_model_dir(tmp_path)
-    assert ctx.model_name == "shapes"
-    assert ctx.manifest["model"]["serializedFile"] == "weights.pth"
-    assert ctx.manifest["createdOn"] == "01/01/2025"
-    assert ctx.inferred == {}
-    assert ctx.model_yaml_config == {"batchSize": 4, "handler": {"topk": 2}}
-    assert ctx.system_properties["batch_size"] == 4
-    assert ctx.system_properties["gpu_id"] is None
-    assert ctx.system_properties["model_dir"] == str(tmp_path.resolve())
+@pytest.fixture
+def loads(monkeypatch):
+    """The paths handed to load_metrics_config, which returns a marker per path."""
+    calls = []
+
+    def load(path):
+        calls.append(path)
+        return ("config of", path)
+
+    monkeypatch.setattr(context_module, "_load_metrics_config", load)
+    monkeypatch.setattr(context_module, "RecordingMetrics", _ConfiguredMetrics)
+    return calls
 
 
-def test_from_model_dir_arguments_override(tmp_path):
-    _manifest(tmp_path, {"modelName": "shapes", "handler": "h.py", "configFile": "conf.yaml"})
-    (tmp_path / "conf.yaml").write_text("batchSize: 4\n")
-    (tmp_path / "alt.yaml").write_text("batchSize: 2\nhandler: {x: 1}\n")
-    ctx = MockContext.from_model_dir(
-        tmp_path, gpu_id=0, batch_size=16, model_name="renamed", limit_max_image_pixels=False
-    )
-    assert ctx.model_name == "renamed"
-    assert ctx.system_properties["batch_size"] == 16
-    assert ctx.system_properties["gpu_id"] == 0
-    assert ctx.system_properties["limit_max_image_pixels"] is False
-    alt = MockContext.from_model_dir(tmp_path, config="alt.yaml")
-    assert alt.model_yaml_config == {"batchSize": 2, "handler": {"x": 1}}
-    assert alt.system_properties["batch_size"] == 2
-    absolute = MockContext.from_model_dir(tmp_path, config=tmp_path / "alt.yaml")
-    assert absolute.model_yaml_config["handler"] == {"x": 1}
-    with pytest.raises(ModelLoadError, match="nope.yaml"):
-        MockContext.from_model_dir(tmp_path, config="nope.yaml")
+def test_metrics_config_default_is_torchserve_default(loads):
+    ctx = MockContext(model_name="m")
+    assert loads == [None]  # None: TorchServe's default metrics config
+    assert ctx.metrics.given_config == ("config of", None)
+    assert ctx.metrics.model_name == "m"
 
 
-def test_from_model_dir_config_relative_to_cwd(tmp_path, monkeypatch):
+def test_metrics_config_given_to_the_constructor(loads, tmp_path):
+    ctx = MockContext(metrics_config=tmp_path / "metrics.yaml")
+    assert loads == [tmp_path / "metrics.yaml"]
+    assert ctx.metrics.given_config == ("config of", tmp_path / "metrics.yaml")
+    with pytest.raises(ValueError, match="pass metrics or metrics_config, not both"):
+        MockContext(metrics=RecordingMetrics(), metrics_config="metrics.yaml")
+
+
+def test_metrics_config_without_the_loader_gives_a_plain_store(loads, monkeypatch):
+    monkeypatch.setattr(context_module, "_load_metrics_config", None)
+    ctx = MockContext()
+    assert loads == [] and ctx.metrics.given_config is None
+
+
+def test_from_model_dir_resolves_metrics_config_like_config(loads, tmp_path, monkeypatch):
     model_dir = tmp_path / "m"
     model_dir.mkdir()
     (model_dir / "model.pt").write_bytes(b"")
-    (tmp_path / "outside.yaml").write_text("batchSize: 3\n")
+    (model_dir / "metrics.yaml").write_text("model_metrics: {}\n")
+    (tmp_path / "outside.yaml").write_text("model_metrics: {}\n")
     monkeypatch.chdir(tmp_path)
-    with pytest.warns(HandlerkitWarning):
-        ctx = MockContext.from_model_dir(model_dir, config="outside.yaml")
-    assert ctx.system_properties["batch_size"] == 3
-
-
-def test_from_model_dir_manifest_without_config_file_ignores_model_config_yaml(tmp_path):
-    _manifest(tmp_path, {"modelName": "m", "handler": "h.py"})
-    (tmp_path / "model-config.yaml").write_text("batchSize: 8\n")
-    with pytest.warns(HandlerkitWarning, match="names no configFile"):
-        ctx = MockContext.from_model_dir(tmp_path)
-    assert ctx.model_yaml_config == {}
-    assert ctx.system_properties["batch_size"] == 1
-
-
-def test_from_model_dir_infers_manifest_and_says_so(tmp_path):
-    model_dir = tmp_path / "shapes"
-    model_dir.mkdir()
-    for name in ("model.onnx", "model.py", "handler.py", "index_to_name.json"):
-        (model_dir / name).write_bytes(b"")
-    (model_dir / "model-config.yaml").write_text("batchSize: 2\nhandler:\n  threshold: 0.5\n")
-    with pytest.warns(HandlerkitWarning) as caught:
-        ctx = MockContext.from_model_dir(model_dir)
-    assert len(caught) == 1
-    message = str(caught[0].message)
-    assert message.startswith("handlerkit: ")
-    for fragment in (
-        "no MAR-INF/MANIFEST.json",
-        "serializedFile='model.onnx' (the only weights file",
-        "modelFile='model.py'",
-        "handler='handler.py'",
-        "configFile='model-config.yaml'",
-        "modelName='shapes' (the model dir's name)",
-        "modelVersion='1.0'",
-        "runtime='python'",
-    ):
-        assert fragment in message
-    assert caught[0].filename == __file__  # stacklevel points at the caller
-    assert ctx.manifest == {
-        "runtime": "python",
-        "model": {
-            "modelName": "shapes",
-            "serializedFile": "model.onnx",
-            "modelFile": "model.py",
-            "handler": "handler.py",
-            "configFile": "model-config.yaml",
-            "modelVersion": "1.0",
-        },
-    }
-    assert set(ctx.inferred) == {
-        "modelName",
-        "serializedFile",
-        "modelFile",
-        "handler",
-        "configFile",
-        "modelVersion",
-        "runtime",
-    }
-    assert "only weights file" in ctx.inferred["serializedFile"]
-    assert ctx.model_name == "shapes"
-    assert ctx.model_yaml_config == {"batchSize": 2, "handler": {"threshold": 0.5}}
-    assert ctx.system_properties["batch_size"] == 2
-
-
-def test_from_model_dir_infers_minimal_dir(tmp_path):
-    (tmp_path / "weights.safetensors").write_bytes(b"")
-    with pytest.warns(HandlerkitWarning, match="serializedFile='weights.safetensors'") as caught:
-        ctx = MockContext.from_model_dir(tmp_path, model_name="given")
-    assert ctx.manifest["model"] == {
-        "modelName": "given",
-        "serializedFile": "weights.safetensors",
-        "modelVersion": "1.0",
-    }
-    assert ctx.inferred["modelName"] == "the model_name argument"
-    assert "modelFile" not in ctx.inferred and "handler" not in ctx.inferred
-    assert ctx.model_yaml_config == {}
-    assert "no serializedFile" not in str(caught[0].message)
-
-
-def test_from_model_dir_without_weights_says_none_found(tmp_path):
-    (tmp_path / "handler.py").write_text("")
-    with pytest.warns(HandlerkitWarning, match=r"no serializedFile \(no \*\.pt/"):
-        ctx = MockContext.from_model_dir(tmp_path)
-    assert "serializedFile" not in ctx.manifest["model"]
-
-
-def test_from_model_dir_ambiguous_weights(tmp_path):
-    for name in ("a.pt", "b.pth", "model.py"):
-        (tmp_path / name).write_bytes(b"")
-    with pytest.raises(ModelLoadError, match=r"several weights files: a\.pt, b\.pth.*MAR-INF/MANIFEST\.json") as info:
-        MockContext.from_model_dir(tmp_path)
-    assert info.value.path == str(tmp_path.resolve())
-
-
-def test_from_model_dir_malformed_manifest_json(tmp_path):
-    (tmp_path / "MAR-INF").mkdir()
-    path = tmp_path / "MAR-INF" / "MANIFEST.json"
-    path.write_text('{"model": {"modelName": "x",}')
-    expected = r"MANIFEST\.json is not valid JSON .*delete MAR-INF/MANIFEST\.json"
-    with pytest.raises(ModelLoadError, match=expected) as info:
-        MockContext.from_model_dir(tmp_path)
-    assert info.value.path == str(path.resolve())
-
-
-def test_from_model_dir_manifest_without_model_object(tmp_path):
-    _manifest(tmp_path, model="oops")
-    with pytest.raises(ModelLoadError, match='must be a JSON object with a "model" object'):
-        MockContext.from_model_dir(tmp_path)
-
-
-def test_from_model_dir_malformed_yaml(tmp_path):
-    (tmp_path / "model.pt").write_bytes(b"")
-    (tmp_path / "model-config.yaml").write_text("handler:\n  a: [1, 2\n")
-    with pytest.warns(HandlerkitWarning), pytest.raises(ConfigError, match=r"model-config\.yaml, line 3, column 1: not valid YAML"):
-        MockContext.from_model_dir(tmp_path)
-
-
-def test_from_model_dir_yaml_not_a_mapping_and_bad_batch_size(tmp_path):
-    (tmp_path / "model.pt").write_bytes(b"")
-    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
-    (tmp_path / "bad.yaml").write_text("batchSize: four\n")
-    (tmp_path / "empty.yaml").write_text("")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", HandlerkitWarning)
-        with pytest.raises(ConfigError, match="list.yaml: the top level must be a mapping"):
-            MockContext.from_model_dir(tmp_path, config="list.yaml")
-        with pytest.raises(ConfigError, match="bad.yaml: batchSize must be an integer, got str 'four'"):
-            MockContext.from_model_dir(tmp_path, config="bad.yaml")
-        # TorchServe 0.12 cannot register a model whose config file is empty
-        with pytest.raises(ConfigError, match="empty.yaml: the file is empty"):
-            MockContext.from_model_dir(tmp_path, config="empty.yaml")
-
-
-def test_from_model_dir_manifest_names_missing_config(tmp_path):
-    _manifest(tmp_path, {"modelName": "m", "configFile": "gone.yaml"})
-    with pytest.raises(ModelLoadError, match="configFile 'gone.yaml'"):
-        MockContext.from_model_dir(tmp_path)
-
-
-def test_from_model_dir_missing_dir(tmp_path):
-    with pytest.raises(ModelLoadError, match="does not exist") as info:
-        MockContext.from_model_dir(tmp_path / "nope")
-    assert info.value.path == str(tmp_path / "nope")
-    (tmp_path / "file").write_text("")
-    with pytest.raises(ModelLoadError, match="is not a directory"):
-        MockContext.from_model_dir(tmp_path / "file")
-
-
-def test_model_yaml_config_file_missing(tmp_path):
-    with pytest.raises(ModelLoadError, match="does not exist"):
-        MockContext(model_dir=tmp_path, model_yaml_config_file="nope.yaml")
+    with pytest.warns(HandlerkitWarning, match="inferred the manifest"):
+        MockContext.from_model_dir(model_dir, metrics_config="metrics.yaml")  # in the model dir
+        MockContext.from_model_dir(model_dir, metrics_config="outside.yaml")  # then the working dir
+        MockContext.from_model_dir(model_dir)
+        with pytest.raises(ModelLoadError, match=r"metrics_config 'nope\.yaml' not found in the model dir"):
+            MockContext.from_model_dir(model_dir, metrics_config="nope.yaml")
+    assert loads == [model_dir.resolve() / "metrics.yaml", tmp_path / "outside.yaml", None]
 
 
 # ---------------------------------------------------------------------------------------------
