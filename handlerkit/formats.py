@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlerkit._optional import require
 from handlerkit.errors import ModelLoadError
 
 __all__ = ["LoadedModel", "OnnxModel", "detect_format", "load_model", "export_model", "FORMATS"]
@@ -52,9 +53,9 @@ def detect_format(model_pt_path: str | None, model_file: str | None, aot_compile
         return "eager"
     if not model_pt_path:
         raise ModelLoadError(
-            "the manifest names neither a modelFile nor a serializedFile, so there is no model to load; "
-            "fix: add 'serializedFile' (and 'modelFile' for an eager model) to MAR-INF/MANIFEST.json, "
-            "or override initialize() in your handler"
+            "the manifest names neither a modelFile nor a serializedFile, so there is no model to load",
+            fix="add 'serializedFile' (and 'modelFile' for an eager model) to MAR-INF/MANIFEST.json, "
+            "or override initialize() in your handler",
         )
     ext = os.path.splitext(model_pt_path)[1].lower()
     if ext == ".onnx":
@@ -63,8 +64,9 @@ def detect_format(model_pt_path: str | None, model_file: str | None, aot_compile
         if not aot_compile:
             raise ModelLoadError(
                 f"{model_pt_path} is an AOTInductor shared library, which TorchServe loads only with "
-                "'pt2: {export: {aot_compile: true}}' in model-config.yaml; fix: add that section",
+                "'pt2: {export: {aot_compile: true}}' in model-config.yaml, and that is not set",
                 path=model_pt_path,
+                fix="add 'pt2: {export: {aot_compile: true}}' to model-config.yaml (or ship a .pt2 package)",
             )
         return "aoti-so"
     if ext == ".pt2":
@@ -80,9 +82,10 @@ def _pt2_kind(path: str) -> str:
         names = zipfile.ZipFile(path).namelist()
     except zipfile.BadZipFile as exc:
         raise ModelLoadError(
-            f"{path} is not a .pt2 archive (not a zip file); fix: write it with "
-            "torch._inductor.aoti_compile_and_package or torch.export.save",
+            f"{path} is not a .pt2 archive (not a zip file)",
             path=path,
+            fix="write it with torch._inductor.aoti_compile_and_package or torch.export.save "
+            "(handlerkit.formats.export_model does either)",
         ) from exc
     if any("/data/aotinductor/" in n for n in names):
         return "aoti"
@@ -91,15 +94,17 @@ def _pt2_kind(path: str) -> str:
     raise ModelLoadError(
         f"{path} is a .pt2 archive with neither an AOTInductor model nor an exported program in it",
         path=path,
+        fix="write it with torch._inductor.aoti_compile_and_package or torch.export.save "
+        "(handlerkit.formats.export_model does either)",
     )
 
 
 def _require_file(path: str, role: str) -> None:
     if not os.path.isfile(path):
         raise ModelLoadError(
-            f"the manifest's {role} is {os.path.basename(path)!r} but {path} does not exist; "
-            "fix: put the file in the model dir or correct MAR-INF/MANIFEST.json",
+            f"the manifest's {role} is {os.path.basename(path)!r} but {path} does not exist",
             path=path,
+            fix="put the file in the model dir or correct MAR-INF/MANIFEST.json",
         )
 
 
@@ -111,13 +116,21 @@ def load_model(
     model_pt_path: str | None,
     model_file: str | None = None,
 ) -> LoadedModel:
-    """Load a model of format ``fmt`` onto ``device``; every failure is a ModelLoadError."""
+    """Load a model of format ``fmt`` onto ``device``.
+
+    Every failure is a :class:`~handlerkit.errors.ModelLoadError` naming the file (and, in
+    ``fix``, what to do where handlerkit knows); an ONNX model without onnxruntime installed is
+    an ImportError that names the pip command.
+    """
     if fmt not in FORMATS:
         raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
     if fmt == "eager":
         return _load_eager(model_dir, model_file or "", model_pt_path, device)
     if model_pt_path is None:
-        raise ModelLoadError(f"format {fmt!r} needs a serializedFile")
+        raise ModelLoadError(
+            f"format {fmt!r} needs a serializedFile, and none was given",
+            fix="name the model file in the manifest's serializedFile",
+        )
     _require_file(model_pt_path, "serializedFile")
     if fmt == "torchscript":
         return _load_torchscript(model_pt_path, device)
@@ -145,17 +158,17 @@ def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, devi
     except Exception as exc:
         cause = exc.__cause__ or exc
         raise ModelLoadError(
-            f"importing modelFile {model_def_path} failed: {type(cause).__name__}: {cause}; fix: correct "
-            f"{model_file} (it is imported with the model dir first on sys.path, as TorchServe does)",
+            f"importing modelFile {model_def_path} failed: {type(cause).__name__}: {cause}",
             path=model_def_path,
+            fix=f"correct {model_file} (it is imported with the model dir first on sys.path, as TorchServe does)",
         ) from exc
     classes = [c for c in list_classes(module) if issubclass(c, torch.nn.Module)] or list_classes(module)
     if len(classes) != 1:
         names = ", ".join(c.__name__ for c in classes) or "none"
         raise ModelLoadError(
-            f"modelFile {model_def_path} must define exactly one model class; found {names}; "
-            "fix: keep one nn.Module class in it and import the others from another file",
+            f"modelFile {model_def_path} must define exactly one model class; found {names}",
             path=model_def_path,
+            fix="keep one nn.Module class in it and import the others from another file",
         )
     model_class = classes[0]
     try:
@@ -163,8 +176,9 @@ def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, devi
     except Exception as exc:
         raise ModelLoadError(
             f"{model_class.__name__}() (from {model_def_path}) failed: {exc!r}; TorchServe builds the "
-            "model class with no arguments; fix: give every constructor argument a default",
+            "model class with no arguments",
             path=model_def_path,
+            fix="give every constructor argument a default",
         ) from exc
     details: dict[str, Any] = {"model_file": model_def_path, "model_class": model_class.__qualname__}
     if model_pt_path:
@@ -173,15 +187,16 @@ def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, devi
             state_dict = torch.load(model_pt_path, map_location=device, weights_only=True)
         except Exception as exc:
             raise ModelLoadError(
-                f"torch.load({model_pt_path!r}, weights_only=True) failed: {exc}; fix: save the weights "
-                "with torch.save(model.state_dict(), path) (a pickled whole model is not loaded)",
+                f"torch.load({model_pt_path!r}, weights_only=True) failed: {exc}",
                 path=model_pt_path,
+                fix="save the weights with torch.save(model.state_dict(), path) (a pickled whole model "
+                "is not loaded)",
             ) from exc
         if not isinstance(state_dict, dict):
             raise ModelLoadError(
-                f"{model_pt_path} holds a {type(state_dict).__name__}, not a state_dict; fix: save "
-                "torch.save(model.state_dict(), path)",
+                f"{model_pt_path} holds a {type(state_dict).__name__}, not a state_dict",
                 path=model_pt_path,
+                fix="save the weights with torch.save(model.state_dict(), path)",
             )
         _load_state_dict(model, state_dict, model_pt_path, model_class.__name__)
         details["state_dict_tensors"] = len(state_dict)
@@ -208,9 +223,9 @@ def _load_state_dict(model: Any, state_dict: dict, path: str, class_name: str) -
         problems.append(f"shape mismatches {_preview(shapes)}")
     if problems:
         raise ModelLoadError(
-            f"the state_dict in {path} does not fit {class_name}: " + "; ".join(problems) + ". "
-            "fix: ship the model.py the weights were trained with, or re-save the weights from it",
+            f"the state_dict in {path} does not fit {class_name}: " + "; ".join(problems),
             path=path,
+            fix="ship the model.py the weights were trained with, or re-save the weights from it",
         )
     model.load_state_dict(state_dict)
 
@@ -235,9 +250,10 @@ def _load_torchscript(path: str, device: Any) -> LoadedModel:
             model = torch.jit.load(path, map_location=device)
         except Exception as exc:
             raise ModelLoadError(
-                f"torch.jit.load({path!r}) failed: {exc}. Without a modelFile, TorchServe reads a .pt "
-                "file as TorchScript; fix: for a state_dict, add modelFile to the manifest",
+                f"torch.jit.load({path!r}) failed: {exc}; without a modelFile, TorchServe reads a .pt "
+                "file as TorchScript",
                 path=path,
+                fix="for a state_dict, add modelFile (the .py that defines the model class) to the manifest",
             ) from exc
     model.eval()
     notes = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
@@ -289,10 +305,7 @@ class OnnxModel:
 
 
 def _load_onnx(path: str, device: Any) -> LoadedModel:
-    try:
-        import onnxruntime as ort
-    except ImportError as exc:
-        raise ImportError("loading .onnx models needs onnxruntime: pip install 'handlerkit[onnx]'") from exc
+    ort = require("onnxruntime", feature="loading .onnx models", extra="onnx")
     wanted = onnx_providers(device)
     providers = [p for p in wanted if p in ort.get_available_providers()] or ["CPUExecutionProvider"]
     options = ort.SessionOptions()
@@ -375,6 +388,10 @@ def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt
 
     Returns:
         The path written, as a string.
+
+    Raises:
+        ImportError: ``fmt="onnx"`` without onnx and onnxscript (the message names the pip command).
+        ValueError: an unknown format.
     """
     import torch
 
@@ -395,6 +412,9 @@ def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt
         with _quiet_deprecations():
             torch.jit.save(torch.jit.trace(model, example_inputs), path)
     elif fmt == "onnx":
+        # torch.onnx.export's (default) dynamo exporter writes the file with onnxscript and onnx.
+        for module in ("onnx", "onnxscript"):
+            require(module, feature="exporting to ONNX", extra="onnx")
         names = [f"input_{i}" for i in range(len(example_inputs))]
         torch.onnx.export(
             model, example_inputs, path, input_names=names, dynamic_shapes=dynamic_shapes, verbose=False

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from handlerkit._stack import user_stacklevel
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
 
 __all__ = ["clear_module_cache", "exec_source", "load_module_from_file", "model_dir_imports"]
@@ -266,7 +267,7 @@ def _warn_shadow(model_dir: str, key: str, module: Any) -> None:
         f"from {getattr(module, '__file__', None) or 'the standard library'}; imports of {key!r} get that "
         f"module, not your file (so does TorchServe's worker once it has imported it). Rename your {key}",
         HandlerkitWarning,
-        stacklevel=5,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -439,16 +440,23 @@ def load_module_from_file(
             _ensure_package(package, directory)
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
-        raise HandlerLoadError(f"{file} cannot be imported as a Python module (is it a .py file?)")
+        raise HandlerLoadError(
+            f"{file} cannot be imported as a Python module: no import loader handles its extension",
+            fix="give a Python source file (.py)",
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    imports = os.fspath(import_dir) if import_dir is not None else directory
     done = False
     try:
-        with model_dir_imports(import_dir if import_dir is not None else directory):
+        with model_dir_imports(imports):
             exec_source(module, file)
         done = True
     except Exception as exc:
-        raise HandlerLoadError(f"importing {file} failed: {type(exc).__name__}: {exc}") from exc
+        raise HandlerLoadError(
+            f"importing {file} failed: {type(exc).__name__}: {exc}",
+            fix=f"correct {os.path.basename(file)} (it runs with {imports} first on sys.path)",
+        ) from exc
     finally:
         if not done:
             if existing is not None:

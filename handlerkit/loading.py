@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
+from handlerkit._stack import user_stacklevel
+from handlerkit._text import did_you_mean
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
 from handlerkit.isolation import (  # the public ones re-exported: handlerkit.loading is where users met them
     _belongs,
@@ -128,7 +130,11 @@ class ResolvedHandler:
 
 
 def resolve_handler(
-    spec: str, model_dir: str | os.PathLike[str] | None = None, *, reload: bool = False
+    spec: str,
+    model_dir: str | os.PathLike[str] | None = None,
+    *,
+    reload: bool = False,
+    build: Callable[[type], Any] | None = None,
 ) -> ResolvedHandler:
     """Resolve a TorchServe handler spec to an entry point (TorchServe 0.12's model loader rules).
 
@@ -141,6 +147,9 @@ def resolve_handler(
             outside it is loaded as if archived into it.
         reload: forget the model dir's cached modules first, so edited files are re-imported
             (class objects change).
+        build: builds a class handler's instance from its class, in place of ``cls()`` (the
+            Harness instruments the instance before ``__init__`` runs). It runs within the
+            model dir's imports, and what it raises is reported as a failing constructor.
 
     Returns:
         The resolved handler; a class handler is already instantiated, not initialised.
@@ -148,7 +157,8 @@ def resolve_handler(
     Raises:
         HandlerLoadError: not found (the message lists where handlerkit looked), the module
             fails to import (the real error, chained), or it breaks TorchServe's rules (several
-            classes, no class, no ``handle``, a constructor that needs arguments).
+            classes, no class, no ``handle``, a constructor that needs arguments). Its ``fix``
+            says what to do.
         TypeError: spec is not a string.
         ValueError: spec is empty.
         NotADirectoryError: model_dir is not a directory.
@@ -171,7 +181,7 @@ def resolve_handler(
     else:
         module, origin = _import_module_spec(text, module_part, mdir)
         scope = mdir
-    return _entry_point(text, module_part, module, function_name, scope, origin)
+    return _entry_point(text, module_part, module, function_name, scope, origin, build)
 
 
 def list_classes(module: ModuleType, parent_class: type | None = None) -> list[type]:
@@ -210,8 +220,8 @@ def _import_file_spec(spec: str, module_part: str, mdir: str | None) -> tuple[Mo
     if found is None:
         looked = "\n".join(f"  - {c}" for c in dict.fromkeys(candidates))
         raise HandlerLoadError(
-            f"handler {spec!r}: no such file. Looked for:\n{looked}\n"
-            f"Fix: check the path (relative paths are tried in the model dir, then in the current directory)"
+            f"handler {spec!r}: no such file. Looked for:\n{looked}",
+            fix="check the path (relative paths are tried in the model dir, then in the current directory)",
         )
     found = os.path.realpath(found)
     fdir, stem = os.path.dirname(found), os.path.basename(found)[:-3]
@@ -221,8 +231,8 @@ def _import_file_spec(spec: str, module_part: str, mdir: str | None) -> tuple[Mo
     if not stem.isidentifier():
         raise HandlerLoadError(
             f"handler {spec!r}: {found} cannot be imported: TorchServe imports the handler by its file "
-            f"name and {stem!r} is not a valid module name. Fix: rename it to "
-            f"{_identifier(stem)}.py"
+            f"name and {stem!r} is not a valid module name",
+            fix=f"rename it to {_identifier(stem)}.py",
         )
     module = _import_by_name(spec, stem, fdir)
     if module is None:  # pragma: no cover - the file exists, so only a race gets here
@@ -233,8 +243,9 @@ def _import_file_spec(spec: str, module_part: str, mdir: str | None) -> tuple[Mo
 def _import_module_spec(spec: str, name: str, mdir: str | None) -> tuple[ModuleType, Origin]:
     if not all(part.isidentifier() for part in name.split(".")):
         raise HandlerLoadError(
-            f"handler {spec!r}: {name!r} is not a module name. Write name, name.py, path/to/name.py, "
-            f"file.py:function or a dotted module path (e.g. ts.torch_handler.image_classifier)"
+            f"handler {spec!r}: {name!r} is not a module name",
+            fix="write name, name.py, path/to/name.py, file.py:function or a dotted module path "
+            "(e.g. ts.torch_handler.image_classifier)",
         )
     module = _import_by_name(spec, name, mdir)
     if module is not None and getattr(module, "__file__", None) is None:
@@ -252,7 +263,7 @@ def _import_module_spec(spec: str, name: str, mdir: str | None) -> tuple[ModuleT
             module = _import_by_name(spec, f"{package}.{name}", None, builtin=True)
             if module is not None:
                 return module, _BUILTIN_ORIGINS[package]  # type: ignore[return-value]
-    raise HandlerLoadError(_not_found_message(spec, name, mdir))
+    raise _not_found(spec, name, mdir)
 
 
 def _import_by_name(spec: str, name: str, scope: str | None, *, builtin: bool = False) -> ModuleType | None:
@@ -288,14 +299,13 @@ def _import_failed(spec: str, name: str, scope: str | None, exc: BaseException, 
         if first in _torchserve_builtin_names():
             message += f", and would have silently served its own {hidden} instead"
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        message += (
-            f"\nFix: if {exc.name!r} is a package, pip install it (and list it in the archive's "
-            f"requirements file); if it is one of your files, put it in the model dir "
-            f"(torch-model-archiver --extra-files)"
+        fix = (
+            f"if {exc.name!r} is a package, pip install it (and list it in the archive's requirements "
+            f"file); if it is one of your files, put it in the model dir (torch-model-archiver --extra-files)"
         )
     else:
-        message += f"\nFix: correct the error above in {file or name}"
-    return HandlerLoadError(message)
+        fix = f"correct {file or name}: importing it raises the {type(exc).__name__} above"
+    return HandlerLoadError(message, fix=fix)
 
 
 def _module_origin(name: str, scope: str | None) -> str | None:
@@ -307,7 +317,7 @@ def _module_origin(name: str, scope: str | None) -> str | None:
     return found.origin if found is not None and found.has_location else None
 
 
-def _not_found_message(spec: str, name: str, mdir: str | None) -> str:
+def _not_found(spec: str, name: str, mdir: str | None) -> HandlerLoadError:
     looked = []
     if mdir is not None:
         looked.append(f"module {name!r} in the model dir {mdir} ({name.replace('.', '/')}.py or package), then on sys.path")
@@ -322,21 +332,14 @@ def _not_found_message(spec: str, name: str, mdir: str | None) -> str:
             candidates += _torchserve_builtin_names()
         else:
             looked.append("TorchServe's built-ins were not searched: torchserve is not installed")
-    near = _nearest(name, candidates)
-    hint = f"did you mean {near!r}? Otherwise check" if near else "check"
+    near = did_you_mean(name, candidates, cutoff=0.75, prefix=False)
     listing = "\n".join(f"  - {line}" for line in looked)
-    return (
-        f"handler {spec!r} not found. Looked for:\n{listing}\n"
-        f"Fix: {hint} the spelling, or put {name.split('.')[-1]}.py in the model dir "
-        f"(torch-model-archiver --handler {name.split('.')[-1]}.py)"
+    stem = name.split(".")[-1]
+    return HandlerLoadError(
+        f"handler {spec!r} not found" + (f" (did you mean {near!r}?)" if near else "") + f". Looked for:\n{listing}",
+        fix=(f"write {near!r} if that is the one; otherwise " if near else "check the spelling, or ")
+        + f"put {stem}.py in the model dir (torch-model-archiver --handler {stem}.py)",
     )
-
-
-def _nearest(name: str, candidates: list[str]) -> str | None:
-    import difflib
-
-    match = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.75)
-    return match[0] if match else None
 
 
 def _entry_point(
@@ -346,6 +349,7 @@ def _entry_point(
     function_name: str | None,
     scope: str | None,
     origin: Origin,
+    build: Callable[[type], Any] | None = None,
 ) -> ResolvedHandler:
     name = function_name or "handle"
     module_file = getattr(module, "__file__", None)
@@ -355,16 +359,17 @@ def _entry_point(
         if not callable(function):
             raise HandlerLoadError(
                 f"handler {spec!r}: {label} has {name} = {type(function).__name__}, not a function; "
-                f"TorchServe calls {name}(data, context). Fix: define def {name}(data, context): ..."
+                f"TorchServe calls {name}(data, context)",
+                fix=f"define def {name}(data, context): ...",
             )
         return ResolvedHandler(spec, "function", module, module_file, None, None, function, name, scope, origin)
     if function_name is not None:
         functions = [n for n, f in inspect.getmembers(module, inspect.isfunction) if f.__module__ == module.__name__]
         raise HandlerLoadError(
             f"handler {spec!r}: {label} has no function {function_name!r} "
-            f"(functions defined there: {', '.join(functions) or 'none'}). TorchServe 0.12 would silently "
-            f"fall back to the module's class. Fix: correct the name after ':' or drop ':{function_name}' "
-            f"to use the class"
+            f"(functions defined there: {', '.join(functions) or 'none'}); TorchServe 0.12 would silently "
+            f"fall back to the module's class",
+            fix=f"correct the name after ':', or drop ':{function_name}' to use the class",
         )
     classes = list_classes(module)
     suggestion = f"{module_part}:handle"
@@ -373,46 +378,50 @@ def _entry_point(
         raise HandlerLoadError(
             f"handler {spec!r}: {label} defines {len(classes)} classes ({names}) and no function 'handle'; "
             f"TorchServe needs exactly one class or a function entry point (it raises \"Expected only one "
-            f"class in custom service code or a function entry point\"). Fix: keep one class in the module "
-            f"(move helpers to another file) or name the function: {suggestion!r}"
+            f"class in custom service code or a function entry point\")",
+            fix=f"keep one class in the module (move helpers to another file) or name the function: {suggestion!r}",
         )
     if not classes:
         imported = [
             n for n, c in inspect.getmembers(module, inspect.isclass) if hasattr(c, "handle") and c.__module__ != module.__name__
         ]
-        hint = (
-            f" Classes imported from elsewhere do not count (TorchServe checks cls.__module__): to use "
-            f"{imported[0]}, subclass it here: class MyHandler({imported[0]}): pass."
+        seen = (
+            f"; it imports {', '.join(imported)}, but classes imported from elsewhere do not count "
+            f"(TorchServe checks cls.__module__)"
             if imported
             else ""
         )
         raise HandlerLoadError(
             f"handler {spec!r}: {label} defines no class and no function 'handle'; TorchServe needs one "
-            f"handler class or a function handle(data, context).{hint} Fix: define a handler class (e.g. "
-            f"subclass handlerkit.BaseHandler) or def handle(data, context): ..."
+            f"handler class or a function handle(data, context){seen}",
+            fix=(
+                f"subclass it in the module: class MyHandler({imported[0]}): pass"
+                if imported
+                else "define a handler class (e.g. subclass handlerkit.BaseHandler) or def handle(data, context): ..."
+            ),
         )
     cls = classes[0]
     try:
         with model_dir_imports(scope):
-            instance = cls()
+            instance = build(cls) if build is not None else cls()
     except Exception as exc:
         raise HandlerLoadError(
             f"handler {spec!r}: TorchServe builds the handler with {cls.__name__}() (no arguments), and that "
-            f"raised {type(exc).__name__}: {exc}. Fix: give every __init__ argument a default, or move the "
-            f"setup into initialize(self, context)"
+            f"raised {type(exc).__name__}: {exc}",
+            fix="give every __init__ argument a default, or move the setup into initialize(self, context)",
         ) from exc
     if not hasattr(instance, "handle"):
         raise HandlerLoadError(
             f"handler {spec!r}: class {cls.__name__} in {label} has no handle method; TorchServe calls "
-            f"instance.handle(data, context). Fix: subclass handlerkit.BaseHandler (or TorchServe's), or "
-            f"define def handle(self, data, context): ..."
+            f"instance.handle(data, context)",
+            fix="subclass handlerkit.BaseHandler (or TorchServe's), or define def handle(self, data, context): ...",
         )
     if not hasattr(instance, "initialize"):
         warnings.warn(
             f"handlerkit: handler class {cls.__name__} has no initialize method; TorchServe 0.12 fails to "
             f"load it (AttributeError: 'initialize'). Add def initialize(self, context): ...",
             HandlerkitWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     return ResolvedHandler(spec, "class", module, module_file, cls, instance, instance.handle, "handle", scope, origin)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import zipfile
 from pathlib import Path
 
@@ -108,8 +109,10 @@ def test_export_model_accepts_a_batch_of_one(tmp_path, mlp_reference):
 def test_state_dict_without_model_file_is_explained(fast_format_dirs, tmp_path):
     # A state_dict .pt without modelFile: TorchServe tries TorchScript; say what to do.
     ctx = hk.MockContext(model_dir=fast_format_dirs["eager"], gpu_id=None, manifest={"model": {"serializedFile": "model.pt"}})
-    with pytest.raises(ModelLoadError, match=r"for a state_dict, add modelFile"):
+    with pytest.raises(ModelLoadError, match=r"torch\.jit\.load\(.*model\.pt'\) failed: .*TorchServe reads a \.pt file as TorchScript") as info:
         BaseHandler().initialize(ctx)
+    assert info.value.fix == "for a state_dict, add modelFile (the .py that defines the model class) to the manifest"
+    assert info.value.path == str(fast_format_dirs["eager"] / "model.pt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,19 +142,40 @@ def test_detect_format_pt2_kinds(fast_format_dirs):
 
 
 def test_detect_format_errors(tmp_path):
-    with pytest.raises(ModelLoadError, match=r"neither a modelFile nor a serializedFile"):
+    with pytest.raises(ModelLoadError, match=r"^the manifest names neither a modelFile nor a serializedFile, so there is no model to load\n  fix: ") as info:
         detect_format(None, None)
-    with pytest.raises(ModelLoadError, match=r"model\.so.*pt2: \{export: \{aot_compile: true\}\}"):
+    assert info.value.fix == (
+        "add 'serializedFile' (and 'modelFile' for an eager model) to MAR-INF/MANIFEST.json, "
+        "or override initialize() in your handler"
+    )
+    with pytest.raises(ModelLoadError, match=r"model\.so.*pt2: \{export: \{aot_compile: true\}\}.*that is not set\n  fix: ") as info:
         detect_format(str(tmp_path / "model.so"), None)
-    with pytest.raises(ModelLoadError, match=r"'absent\.pt2' but .* does not exist; fix"):
+    assert info.value.fix.startswith("add 'pt2: {export: {aot_compile: true}}' to model-config.yaml")
+    with pytest.raises(ModelLoadError, match=r"serializedFile is 'absent\.pt2' but .*absent\.pt2 does not exist\n  fix: ") as info:
         detect_format(str(tmp_path / "absent.pt2"), None)
+    assert info.value.fix == "put the file in the model dir or correct MAR-INF/MANIFEST.json"
+    assert info.value.path == str(tmp_path / "absent.pt2")
     (tmp_path / "text.pt2").write_text("not a zip")
-    with pytest.raises(ModelLoadError, match=r"text\.pt2 is not a \.pt2 archive"):
+    with pytest.raises(ModelLoadError, match=r"text\.pt2 is not a \.pt2 archive \(not a zip file\)\n  fix: ") as info:
         detect_format(str(tmp_path / "text.pt2"), None)
+    assert info.value.fix.startswith("write it with torch._inductor.aoti_compile_and_package or torch.export.save")
     with zipfile.ZipFile(tmp_path / "other.pt2", "w") as z:
         z.writestr("other/readme.txt", "hello")
     with pytest.raises(ModelLoadError, match=r"other\.pt2 is a \.pt2 archive with neither"):
         detect_format(str(tmp_path / "other.pt2"), None)
+
+
+def test_no_error_message_carries_its_fix_as_text(tmp_path):
+    # The fix is data (error.fix): messages never spell it "fix:" / "Fix:" themselves.
+    (tmp_path / "text.pt2").write_text("not a zip")
+    cases = [(None, None), (str(tmp_path / "model.so"), None), (str(tmp_path / "absent.pt2"), None), (str(tmp_path / "text.pt2"), None)]
+    for serialized, model_file in cases:
+        with pytest.raises(ModelLoadError) as info:
+            detect_format(serialized, model_file)
+        assert "fix" not in info.value.message.lower() and info.value.fix
+    with pytest.raises(ModelLoadError, match=r"format 'onnx' needs a serializedFile, and none was given") as info:
+        load_model("onnx", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None)
+    assert info.value.fix == "name the model file in the manifest's serializedFile"
 
 
 def test_unknown_format_names():
@@ -159,6 +183,47 @@ def test_unknown_format_names():
         load_model("tflite", device=torch.device("cpu"), model_dir=".", model_pt_path="x.tflite")
     with pytest.raises(ValueError, match="unknown model format 'tflite'"):
         export_model(torch.nn.Linear(1, 1), (torch.zeros(2, 1),), "x.tflite", "tflite")
+
+
+def test_onnx_without_onnxruntime_names_the_pip_command(fast_format_dirs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
+    path = str(fast_format_dirs["onnx"] / "model.onnx")
+    with pytest.raises(ImportError, match=r"^loading \.onnx models needs onnxruntime: pip install 'handlerkit\[onnx\]'$") as info:
+        load_model("onnx", device=torch.device("cpu"), model_dir=str(fast_format_dirs["onnx"]), model_pt_path=path)
+    assert isinstance(info.value.__cause__, ImportError)
+
+
+@pytest.mark.parametrize("missing", ["onnx", "onnxscript"])
+def test_onnx_export_without_its_packages_names_the_pip_command(tmp_path, monkeypatch, missing):
+    monkeypatch.setitem(sys.modules, missing, None)
+    with pytest.raises(ImportError, match=rf"^exporting to ONNX needs {missing}: pip install 'handlerkit\[onnx\]'$"):
+        export_model(torch.nn.Linear(4, 3), (torch.zeros(2, 4),), tmp_path / "m.onnx", "onnx")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_eager_load_errors_carry_their_fix(tmp_path):
+    (tmp_path / "model.py").write_text("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self, width):\n        super().__init__()\n")
+    with pytest.raises(ModelLoadError, match=r"Net\(\) \(from .*model\.py\) failed: TypeError.*TorchServe builds the model class with no arguments\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
+    assert info.value.fix == "give every constructor argument a default"
+    assert info.value.path == str(tmp_path / "model.py")
+    (tmp_path / "model.py").write_text("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(2, 2)\n")
+    torch.save({"fc.weight": torch.zeros(3, 2)}, tmp_path / "model.pt")
+    with pytest.raises(ModelLoadError, match=r"does not fit Net: missing keys \[fc\.bias\] \(1\); shape mismatches \[fc\.weight: file \(3, 2\) vs model \(2, 2\)\] \(1\)\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
+    assert info.value.fix == "ship the model.py the weights were trained with, or re-save the weights from it"
+    torch.save([1, 2], tmp_path / "model.pt")
+    with pytest.raises(ModelLoadError, match=r"model\.pt holds a list, not a state_dict\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
+    assert info.value.fix == "save the weights with torch.save(model.state_dict(), path)"
+    (tmp_path / "model.py").write_text("import not_installed_for_handlerkit_formats\n")
+    with pytest.raises(ModelLoadError, match=r"importing modelFile .*model\.py failed: ModuleNotFoundError: No module named 'not_installed_for_handlerkit_formats'\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
+    assert info.value.fix == "correct model.py (it is imported with the model dir first on sys.path, as TorchServe does)"
+    (tmp_path / "model.py").write_text("import torch\n\nclass A(torch.nn.Module):\n    pass\n\nclass B(torch.nn.Module):\n    pass\n")
+    with pytest.raises(ModelLoadError, match=r"must define exactly one model class; found A, B\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
+    assert info.value.fix == "keep one nn.Module class in it and import the others from another file"
 
 
 def test_corrupt_serialized_files(tmp_path):

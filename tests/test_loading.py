@@ -14,6 +14,7 @@ import warnings
 import pytest
 
 from handlerkit import isolation
+from handlerkit._text import did_you_mean
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
 from handlerkit.loading import (
     ResolvedHandler,
@@ -83,8 +84,9 @@ def dirs(tmp_path):
 def test_name_forms_resolve_in_the_model_dir(dirs, spec):
     a, _ = dirs
     if spec.endswith("missing_is_error"):
-        with pytest.raises(HandlerLoadError, match=r"has no function 'handle_missing_is_error'.*silently fall back"):
+        with pytest.raises(HandlerLoadError, match=r"has no function 'handle_missing_is_error'.*silently fall back") as info:
             resolve_handler(spec, a)
+        assert info.value.fix == "correct the name after ':', or drop ':handle_missing_is_error' to use the class"
         return
     resolved = resolve_handler(spec, a)
     assert isinstance(resolved, ResolvedHandler)
@@ -119,8 +121,11 @@ def test_file_outside_the_model_dir_runs_in_the_model_dirs_imports(dirs, tmp_pat
 
 def test_missing_file_lists_where_it_looked(dirs):
     a, _ = dirs
-    with pytest.raises(HandlerLoadError, match=r"no such file\. Looked for:\n  - .*nope\.py"):
+    with pytest.raises(HandlerLoadError, match=r"no such file\. Looked for:\n  - .*nope\.py") as info:
         resolve_handler("nope.py", a)
+    assert info.value.message.endswith("nope.py")  # the listing ends the message; the fix is apart
+    assert info.value.fix == "check the path (relative paths are tried in the model dir, then in the current directory)"
+    assert str(info.value).endswith("\n  fix: " + info.value.fix)
 
 
 def test_function_handler_and_named_function(tmp_path):
@@ -167,8 +172,9 @@ def test_class_handler_initialize(dirs):
 
 def test_class_without_initialize_warns(tmp_path):
     write(tmp_path, "bare.py", "class Bare:\n    def handle(self, data, context):\n        return data\n")
-    with pytest.warns(HandlerkitWarning, match=r"Bare has no initialize method; TorchServe 0\.12 fails"):
+    with pytest.warns(HandlerkitWarning, match=r"Bare has no initialize method; TorchServe 0\.12 fails") as record:
         resolved = resolve_handler("bare", tmp_path)
+    assert record[0].filename == __file__  # the warning points at the caller, not into handlerkit
     resolved.initialize(FakeContext())  # skipped quietly
 
 
@@ -197,39 +203,76 @@ def test_several_classes_error_lists_them(tmp_path):
     write(tmp_path, "multi.py", "class B:\n    pass\nclass A:\n    def handle(self, d, c):\n        pass\n")
     with pytest.raises(HandlerLoadError) as info:
         resolve_handler("multi.py", tmp_path)
-    message = str(info.value)
-    assert "defines 2 classes (A, B) and no function 'handle'" in message
-    assert "keep one class in the module (move helpers to another file) or name the function: 'multi.py:handle'" in message
+    assert "defines 2 classes (A, B) and no function 'handle'" in info.value.message
+    assert info.value.fix == "keep one class in the module (move helpers to another file) or name the function: 'multi.py:handle'"
     assert isinstance(info.value, ImportError)
 
 
 def test_no_class_error_explains_imported_classes(tmp_path):
     write(tmp_path, "empty_handler.py", "X = 1\n")
-    with pytest.raises(HandlerLoadError, match=r"defines no class and no function 'handle'.*Fix: define a handler class"):
+    with pytest.raises(HandlerLoadError, match=r"defines no class and no function 'handle'.*handle\(data, context\)\n  fix: define a handler class") as info:
         resolve_handler("empty_handler", tmp_path)
+    assert info.value.fix == "define a handler class (e.g. subclass handlerkit.BaseHandler) or def handle(data, context): ..."
     write(tmp_path, "reexport.py", "from bare_base import Base\n")
     write(tmp_path, "bare_base.py", "class Base:\n    def handle(self, d, c):\n        return d\n")
-    with pytest.raises(HandlerLoadError, match=r"Classes imported from elsewhere do not count.*class MyHandler\(Base\): pass"):
+    with pytest.raises(HandlerLoadError, match=r"it imports Base, but classes imported from elsewhere do not count") as info:
         resolve_handler("reexport", tmp_path)
+    assert info.value.fix == "subclass it in the module: class MyHandler(Base): pass"
 
 
 def test_class_without_handle_is_an_error(tmp_path):
     write(tmp_path, "nohandle.py", "class Thing:\n    def initialize(self, ctx):\n        pass\n")
-    with pytest.raises(HandlerLoadError, match=r"class Thing in module nohandle .* has no handle method"):
+    with pytest.raises(HandlerLoadError, match=r"class Thing in module nohandle .* has no handle method") as info:
         resolve_handler("nohandle", tmp_path)
+    assert info.value.fix.startswith("subclass handlerkit.BaseHandler (or TorchServe's)")
 
 
 def test_constructor_with_arguments_is_an_error(tmp_path):
     write(tmp_path, "needs_args.py", "class H:\n    def __init__(self, x):\n        pass\n    def handle(self, d, c):\n        pass\n")
-    with pytest.raises(HandlerLoadError, match=r"TorchServe builds the handler with H\(\) \(no arguments\)") as info:
+    with pytest.raises(HandlerLoadError, match=r"TorchServe builds the handler with H\(\) \(no arguments\), and that raised TypeError") as info:
         resolve_handler("needs_args", tmp_path)
     assert isinstance(info.value.__cause__, TypeError)
+    assert info.value.fix == "give every __init__ argument a default, or move the setup into initialize(self, context)"
+
+
+def test_build_makes_the_instance(dirs):
+    a, _ = dirs
+    built = []
+
+    def build(cls):
+        import model  # build runs within the model dir's imports, as cls() does
+
+        built.append((cls, model.Model.VALUE))
+        instance = cls.__new__(cls)
+        instance.instrumented = True  # what the Harness does: before __init__ runs
+        cls.__init__(instance)
+        return instance
+
+    resolved = resolve_handler("handler", a, build=build)
+    assert [(c.__name__, value) for c, value in built] == [("Handler", "A")]
+    assert built[0][0] is resolved.cls
+    assert resolved.instance.instrumented is True and resolved.instance.context is None
+    assert resolved.function == resolved.instance.handle
+    assert resolved.handle([{}], None) == ["A", "A"]
+
+
+def test_an_exception_from_build_is_wrapped_like_one_from_the_class(dirs):
+    a, _ = dirs
+
+    def build(cls):
+        raise RuntimeError("instrumentation failed")
+
+    with pytest.raises(HandlerLoadError, match=r"with Handler\(\) \(no arguments\), and that raised RuntimeError: instrumentation failed\n  fix: ") as info:
+        resolve_handler("handler", a, build=build)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert info.value.fix.startswith("give every __init__ argument a default")
 
 
 def test_handle_that_is_not_callable(tmp_path):
     write(tmp_path, "weird.py", "handle = 3\n")
-    with pytest.raises(HandlerLoadError, match=r"has handle = int, not a function"):
+    with pytest.raises(HandlerLoadError, match=r"has handle = int, not a function; TorchServe calls handle\(data, context\)\n  fix: ") as info:
         resolve_handler("weird", tmp_path)
+    assert info.value.fix == "define def handle(data, context): ..."
 
 
 def test_list_classes_is_torchserves_rule(tmp_path):
@@ -246,11 +289,12 @@ def test_real_import_error_is_surfaced(tmp_path):
     path = write(tmp_path, "handler.py", "import missing_pkg_for_handlerkit_test\n\ndef handle(d, c):\n    return d\n")
     with pytest.raises(HandlerLoadError) as info:
         resolve_handler("handler", tmp_path)
-    message = str(info.value)
+    message = info.value.message
     assert str(path) in message
     assert "ModuleNotFoundError: No module named 'missing_pkg_for_handlerkit_test'" in message
     assert "TorchServe 0.12 would have hidden this error behind \"No module named 'ts.torch_handler.handler'\"" in message
-    assert "pip install it" in message
+    assert info.value.fix.startswith("if 'missing_pkg_for_handlerkit_test' is a package, pip install it")
+    assert "--extra-files" in info.value.fix
     assert isinstance(info.value.__cause__, ModuleNotFoundError)
     assert "handler" not in sys.modules
 
@@ -268,21 +312,34 @@ def test_other_import_time_exception_is_surfaced_without_the_ts_note(tmp_path):
         resolve_handler("boom.py", tmp_path)
     assert "would have hidden" not in str(info.value)  # TorchServe only swallows ImportError
     assert isinstance(info.value.__cause__, RuntimeError)
+    assert info.value.fix.startswith("correct ") and info.value.fix.endswith("boom.py: importing it raises the RuntimeError above")
 
 
 def test_not_found_lists_where_it_looked(tmp_path):
     with pytest.raises(HandlerLoadError) as info:
         resolve_handler("no_such_handler_anywhere", tmp_path)
-    message = str(info.value)
+    message = info.value.message
+    assert message.startswith("handler 'no_such_handler_anywhere' not found. Looked for:\n")
     assert f"module 'no_such_handler_anywhere' in the model dir {os.path.realpath(tmp_path)}" in message
     assert "handlerkit.handlers.no_such_handler_anywhere" in message
     assert "ts.torch_handler.no_such_handler_anywhere" in message or "torchserve is not installed" in message
+    assert info.value.fix == (
+        "check the spelling, or put no_such_handler_anywhere.py in the model dir "
+        "(torch-model-archiver --handler no_such_handler_anywhere.py)"
+    )
 
 
 def test_not_found_suggests_a_near_name(tmp_path):
     write(tmp_path, "my_handler.py", "def handle(d, c):\n    return d\n")
-    with pytest.raises(HandlerLoadError, match=r"did you mean 'my_handler'\?"):
+    with pytest.raises(HandlerLoadError, match=r"^handler 'my_handlr' not found \(did you mean 'my_handler'\?\)\. Looked for") as info:
         resolve_handler("my_handlr", tmp_path)
+    assert info.value.fix.startswith("write 'my_handler' if that is the one; otherwise put my_handlr.py in the model dir")
+    # One "did you mean" for the whole package: loading uses handlerkit._text's.
+    from handlerkit import loading
+
+    assert not hasattr(loading, "_nearest") and loading.did_you_mean is did_you_mean
+    with pytest.raises(HandlerLoadError, match=r"did you mean 'my_handler'\?"):  # case and '_' are ignored
+        resolve_handler("MyHandler", tmp_path)
 
 
 def test_bad_specs():
@@ -290,8 +347,9 @@ def test_bad_specs():
         resolve_handler(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="empty"):
         resolve_handler("  ")
-    with pytest.raises(HandlerLoadError, match=r"'my-handler' is not a module name"):
+    with pytest.raises(HandlerLoadError, match=r"'my-handler' is not a module name\n  fix: ") as info:
         resolve_handler("my-handler")
+    assert info.value.fix.startswith("write name, name.py, path/to/name.py, file.py:function or a dotted module path")
 
 
 # ------------------------------------------------------------------------------ built-ins
@@ -499,9 +557,10 @@ def test_stdlib_names_are_not_shadowed(tmp_path):
     import json
 
     write(tmp_path, "json.py", "BROKEN = True\n")
-    with pytest.warns(HandlerkitWarning, match=r"'json' is already imported"):
+    with pytest.warns(HandlerkitWarning, match=r"'json' is already imported") as record:
         with model_dir_imports(tmp_path):
             assert importlib.import_module("json") is json
+    assert record[0].filename == __file__
     assert sys.modules["json"] is json
 
 
@@ -560,9 +619,10 @@ def test_load_module_from_file_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_module_from_file(tmp_path / "absent.py")
     write(tmp_path, "broken.py", "import not_installed_for_handlerkit\n")
-    with pytest.raises(HandlerLoadError, match=r"broken\.py failed: ModuleNotFoundError") as info:
+    with pytest.raises(HandlerLoadError, match=r"broken\.py failed: ModuleNotFoundError: No module named 'not_installed_for_handlerkit'\n  fix: ") as info:
         load_module_from_file(tmp_path / "broken.py")
     assert isinstance(info.value.__cause__, ModuleNotFoundError)
+    assert info.value.fix == f"correct broken.py (it runs with {os.path.realpath(tmp_path)} first on sys.path)"
     assert not [k for k in sys.modules if k.endswith(".broken")]
 
 

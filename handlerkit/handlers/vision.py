@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from handlerkit._optional import require
 from handlerkit.errors import RequestError
 from handlerkit.handlers.base import BaseHandler, timed
 from handlerkit.requests import payload as request_payload
@@ -138,9 +139,6 @@ class VisionHandler(BaseHandler):
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
         """Integrated gradients for ``target`` (captum), as TorchServe's VisionHandler does."""
         if self.ig is None:
-            try:
-                from captum.attr import IntegratedGradients
-            except ImportError as exc:
-                raise ImportError("explanations need captum: pip install captum") from exc
-            self.ig = IntegratedGradients(self.model)
+            attr = require("captum.attr", feature="explanations (Integrated Gradients)", pip="pip install captum")
+            self.ig = attr.IntegratedGradients(self.model)
         return self.ig.attribute(tensor_data, target=target, n_steps=15).tolist()
