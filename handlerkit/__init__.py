@@ -18,8 +18,8 @@ _EXPORTS = {
     "MockContext": "handlerkit.context",
     "RequestProcessor": "handlerkit.context",
     "Request": "handlerkit.requests",
-    "Batch": "handlerkit.requests",
-    "batch": "handlerkit.requests",
+    "Batch": "handlerkit.batches",
+    "batch": "handlerkit.batches",
     "BaseHandler": "handlerkit.handlers.base",
     "handlers": "handlerkit.handlers",
     "Harness": "handlerkit.harness",
@@ -57,7 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from handlerkit.harness import Harness
     from handlerkit.results import Run, StageResult
     from handlerkit.loading import resolve_handler
-    from handlerkit.requests import Batch, Request, batch
+    from handlerkit.batches import Batch, batch
+    from handlerkit.requests import Request
 
 
 def __getattr__(name: str) -> Any:

@@ -124,16 +124,18 @@ def stage_error(
 
 
 def handler_files(handler: Any) -> frozenset[str]:
-    """The source files of a handler's classes (or of a function handler)."""
+    """The source files of a handler's methods (every class of its MRO), or of a function
+    handler: where its code really ran from, as tracebacks name it."""
     import inspect
 
-    owners = type(handler).__mro__[:-1] if not inspect.isfunction(handler) else (handler,)
+    if inspect.isfunction(handler):
+        return frozenset({os.path.abspath(handler.__code__.co_filename)})
     files = set()
-    for owner in owners:
-        try:
-            files.add(os.path.abspath(inspect.getfile(owner)))
-        except (TypeError, OSError):
-            continue
+    for owner in type(handler).__mro__[:-1]:
+        for member in vars(owner).values():
+            code = getattr(getattr(member, "__func__", member), "__code__", None)
+            if code is not None:
+                files.add(os.path.abspath(code.co_filename))
     return frozenset(files)
 
 

@@ -63,7 +63,8 @@ def run_model(model_dir: str, files: Sequence[str], handler: str | None, out: An
         raise _InputError(f"no such model dir: {model_dir}")
     from handlerkit.context import MockContext
     from handlerkit.harness import Harness
-    from handlerkit.requests import Request, batch
+    from handlerkit.batches import batch
+    from handlerkit.requests import Request
 
     stream = out or sys.stdout
     ctx = MockContext.from_model_dir(model_dir)

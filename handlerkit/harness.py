@@ -40,7 +40,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.isolation import model_dir_imports
-from handlerkit.requests import Batch
+from handlerkit.batches import Batch
 from handlerkit.results import Run, StageResult
 from handlerkit.timer import Timer
 
@@ -259,9 +259,10 @@ class Harness:
 
     def _stage_error(self, stage: str, exc: BaseException, request_count: int | None) -> StageError:
         index = getattr(exc, "request_index", None)
-        if index is None and request_count == 1:
+        about_a_request = not isinstance(exc, HandlerkitError)  # handlerkit's own errors say so themselves
+        if index is None and request_count == 1 and about_a_request:
             index = 0
-        if index is None and stage == "preprocess" and not isinstance(exc, HandlerkitError):
+        if index is None and stage == "preprocess" and about_a_request:
             if self.batch is not None and len(self.batch) > 1:
                 index = _failures.failing_request(self.handler.preprocess, self.batch, self.context, self.imports)
         return _failures.stage_error(

@@ -3,7 +3,7 @@
 A :class:`Request` is one HTTP request as the frontend forwards it to the worker: parameters
 (name, raw bytes, content type), the client's headers, and the headers the frontend adds.
 :func:`payload` reads a request's payload the one way handlerkit's handlers do. Batches are
-:mod:`handlerkit.batches` (``Batch`` and ``batch`` import from here too). TorchServe 0.12's rules:
+:mod:`handlerkit.batches`. TorchServe 0.12's rules:
 
 - A raw body is one parameter ``"body"`` typed by the ``Content-Type`` header's media type
   (``application/json; charset=utf-8`` → ``application/json``); an ``application/x-www-form-urlencoded``
@@ -49,25 +49,13 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from handlerkit import _wire
 from handlerkit._text import format_bytes
 from handlerkit._wire import decode_enabled
 
-if TYPE_CHECKING:  # pragma: no cover
-    from handlerkit.batches import Batch, batch
-
-__all__ = ["Batch", "Parameter", "Request", "batch", "decode_enabled", "payload"]
-
-
-def __getattr__(name: str) -> Any:
-    # Batch and batch live in handlerkit.batches, which imports this module: re-export lazily.
-    if name in ("Batch", "batch"):
-        from handlerkit import batches
-
-        return getattr(batches, name)
-    raise AttributeError(f"module 'handlerkit.requests' has no attribute {name!r}")
+__all__ = ["Parameter", "Request", "decode_enabled", "payload"]
 
 
 class Parameter(NamedTuple):

@@ -216,20 +216,20 @@ def test_bad_model_dir_fails_loudly_and_cleanly(tmp_path, case):
 def test_missing_model_dir(tmp_path):
     ctx = ts_signature_context(tmp_path / "nowhere")
     handler = BaseHandler()
-    with pytest.raises(ModelLoadError, match=r"nowhere does not exist; fix"):
+    with pytest.raises(ModelLoadError, match=r"nowhere does not exist\n  fix: point the context at the model dir"):
         handler.initialize(ctx)
     assert handler.initialized is False and handler.model is None
 
 
 def test_manifest_without_model_section(mlp_dir):
     ctx = hk.MockContext(model_dir=mlp_dir, gpu_id=None, manifest={"runtime": "python"})
-    with pytest.raises(ModelLoadError, match=r"'model' section.*fix"):
+    with pytest.raises(ModelLoadError, match=r"(?s)'model' section.*\n  fix: use MockContext.from_model_dir"):
         BaseHandler().initialize(ctx)
 
 
 def test_manifest_naming_no_model(mlp_dir):
     ctx = hk.MockContext(model_dir=mlp_dir, gpu_id=None, manifest={"model": {"modelName": "x"}})
-    with pytest.raises(ModelLoadError, match=r"neither a modelFile nor a serializedFile.*fix"):
+    with pytest.raises(ModelLoadError, match=r"(?s)neither a modelFile nor a serializedFile.*\n  fix: add 'serializedFile'"):
         BaseHandler().initialize(ctx)
 
 
@@ -367,7 +367,7 @@ def test_load_label_mapping_errors(tmp_path):
     assert load_label_mapping(str(tmp_path / "absent.json")) is None
     path = tmp_path / "index_to_name.json"
     path.write_text(json.dumps(["cat", "dog"]))
-    with pytest.raises(ModelLoadError, match=r"holds a list.*fix"):
+    with pytest.raises(ModelLoadError, match=r"(?s)holds a list.*\n  fix: rewrite it in that form"):
         load_label_mapping(str(path))
     path.write_text(json.dumps({"0": 3}))
     with pytest.raises(ModelLoadError, match=r"label for '0' is 3"):

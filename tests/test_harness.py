@@ -136,7 +136,7 @@ def test_stage_results_carry_everything(harness, images):
     post = harness.postprocess()
     assert post.ok and post.problems == []
     assert list(harness.results) == ["initialize", "preprocess", "inference", "postprocess"]
-    assert "preprocess" in repr(pre) and "<table" in pre._repr_html_() and "wall" in str(pre)
+    assert "preprocess" in repr(pre) and "<table" in pre._repr_mimebundle_()["text/html"] and "wall" in str(pre)
 
 
 def test_rerunning_a_stage_invalidates_later_ones(harness, images):
@@ -298,14 +298,12 @@ def test_handle_override_that_skips_stages_is_detected(model_dir, images):
 
     h = hk.Harness(Shortcut, context_for(model_dir))
     assert h.single_stage
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with pytest.warns(HandlerkitWarning, match="never called preprocess"):
         run = h.run(hk.batch(*images))
-    messages = [str(w.message) for w in caught if w.category is HandlerkitWarning]
-    assert any("overrides handle" in m for m in messages)
-    assert any("never called preprocess" in m for m in messages)
-    assert list(run.stages) == ["initialize", "handle"] and run.output == ["fixed"] * 3
-    assert any("never called preprocess" in str(p) for p in run.stages["handle"].problems)
+    assert list(run.stages) == ["initialize", "handle"] and run.output == ["fixed"] * 3 and run.mode == "handle"
+    (problem,) = run.stages["handle"].problems
+    assert problem.check == "skipped-stages" and problem.fix.startswith("call them from handle()")
+    assert "contract problems" in str(run) and "never called preprocess" in str(run)  # in the run's table
 
 
 def test_handle_override_that_calls_stages_is_not_flagged(model_dir, images):
@@ -314,10 +312,12 @@ def test_handle_override_that_calls_stages_is_not_flagged(model_dir, images):
             return super().handle(data, context)
 
     h = hk.Harness(Wrapped, context_for(model_dir))
-    with pytest.warns(HandlerkitWarning, match="overrides handle"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HandlerkitWarning)
         run = h.run(hk.batch(*images))
-    assert run.stages["handle"].called_stages == ["preprocess", "inference", "postprocess"]
-    assert not run.problems
+    # run() goes through the override, as the worker does, and reports the stages it called
+    assert list(run.stages) == ["initialize", "preprocess", "inference", "postprocess"] and run.mode == "stages"
+    assert run.output == h.handle(hk.batch(*images)) and not run.problems
 
 
 # ---------------------------------------------------------------------------- model dirs
@@ -345,7 +345,7 @@ def test_time_and_sweep_report_per_stage(harness, images):
     report = harness.time(hk.batch(*images), warmup=1, repeat=3)
     assert set(report.stages) == {"preprocess", "inference", "postprocess"}
     assert report.stages["inference"].n == 3 and report.batch_size == 3
-    assert "median" in str(report) and "<table" in report._repr_html_()
+    assert "median" in str(report) and "<table" in report._repr_mimebundle_()["text/html"]
     sweep = harness.sweep(hk.batch(images[0]), batch_sizes=(1, 2), warmup=0, repeat=2)
     assert [row["batch_size"] for row in sweep.rows] == [1, 2]
     assert all(row["throughput_rps"] > 0 for row in sweep.rows)
@@ -359,7 +359,8 @@ def test_device_report(harness, images):
     assert report.placement["parameters"] == {"cpu float32": sum(p.numel() for p in harness.handler.model.parameters())}
     assert report.stage_devices["inference"] == ["cpu"]
     assert report.copies == [] and report.warnings == []
-    assert "device report" in repr(report) and "<table" in report._repr_html_()
+    assert repr(report) == "<DeviceReport device report of ImageClassifier: cpu>"
+    assert "<table" in report._repr_mimebundle_()["text/html"]
 
 
 def test_device_report_flags_copies_and_mixed_devices(model_dir, images):
@@ -550,7 +551,7 @@ def test_device_report_gpu_facts_with_faked_cuda(harness, images, monkeypatch):
         "reserved": 4 * 2**20,
     }
     assert any("the model lives on ['cpu']" in w for w in report.warnings)
-    assert "gpu name" in repr(report) and "NVIDIA H200" in report._repr_html_()
+    assert "gpu name" in str(report) and "NVIDIA H200" in report._repr_mimebundle_()["text/html"]
 
 
 def test_run_makes_no_syscall_for_the_model_dir(harness, images, monkeypatch):

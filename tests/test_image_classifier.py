@@ -98,7 +98,7 @@ def test_topk_from_the_model_config(cnn5_dir, png):
 @pytest.mark.parametrize("topk", [0, -1, "3", True, 2.5])
 def test_bad_topk_is_a_config_error(cnn5_dir, topk):
     handler = ImageClassifier()
-    with pytest.raises(ConfigError, match=r"handler\.topk must be a positive integer.*fix"):
+    with pytest.raises(ConfigError, match=r"(?s)handler\.topk must be a positive integer.*\n  fix: "):
         handler.initialize(hk.MockContext(model_dir=cnn5_dir, gpu_id=None, model_yaml_config={"handler": {"topk": topk}}))
     assert handler.initialized is False and handler.model is None
 
@@ -127,7 +127,7 @@ def test_without_a_label_map_classes_are_indices(tmp_path, png):
 def test_label_map_of_the_wrong_size_fails_at_initialize(tmp_path, n_labels):
     model_dir = cnn_dir(tmp_path / "m", 5, labels=list(LABELS[:n_labels]))
     handler = ImageClassifier()
-    with pytest.raises(ModelLoadError, match=rf"index_to_name\.json has {n_labels} labels but the model outputs 5 scores; fix"):
+    with pytest.raises(ModelLoadError, match=rf"index_to_name\.json has {n_labels} labels but the model outputs 5 scores\n  fix: write one label per model output"):
         handler.initialize(hk.MockContext(model_dir=model_dir, gpu_id=None))
     assert handler.initialized is False and handler.model is None and handler.mapping is None
 
@@ -144,7 +144,7 @@ def _truncated(png: bytes) -> bytes:
 BAD_IMAGES = {
     "truncated png": (_truncated, r"request 1: the image is corrupt or truncated"),
     "not an image": (lambda png: b"this is not an image", r"request 1: the 20-byte body is not an image"),
-    "empty body": (lambda png: b"", r"request 1: the 0-byte body is not an image"),
+    "empty body": (lambda png: b"", r"request 1: an empty body\n  fix: send the image as the request body"),
     "decompression bomb": (lambda png: bomb_png(20000), r"request 1: Image size \(400000000 pixels\) exceeds limit"),
 }
 

@@ -12,7 +12,8 @@ import pytest
 import handlerkit as hk
 from handlerkit.context import MockContext
 from handlerkit.errors import HandlerkitWarning
-from handlerkit.requests import Batch, Parameter, Request, batch, decode_enabled, payload
+from handlerkit.batches import Batch, batch
+from handlerkit.requests import Parameter, Request, decode_enabled, payload
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
 

@@ -30,7 +30,8 @@ from ts.metrics.metric_type_enum import MetricTypes  # noqa: E402
 from ts.service import Service  # noqa: E402
 
 from handlerkit.context import MockContext, RecordingMetrics  # noqa: E402
-from handlerkit.requests import Batch, Parameter, Request, batch  # noqa: E402
+from handlerkit.batches import Batch, batch  # noqa: E402
+from handlerkit.requests import Parameter, Request  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 

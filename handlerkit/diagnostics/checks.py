@@ -165,7 +165,7 @@ def _first_line(error: StageError) -> str:
 
 def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float = 1e-4) -> CheckReport:
     """Run the batch, then each request alone and in other encodings, and compare."""
-    from handlerkit.requests import Batch
+    from handlerkit.batches import Batch
 
     report = CheckReport(handler=harness.name, batch_size=len(batch))
     with harness.preserved(), _rng_states(), warnings.catch_warnings():

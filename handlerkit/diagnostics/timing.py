@@ -365,7 +365,7 @@ def time_stages(harness: HarnessView, batch: Any, warmup: int = 3, repeat: int =
 
 def resize_batch(batch: Any, size: int) -> Any:
     """A batch of ``size`` requests, cycling through the given ones (``with_headers()`` copies them with fresh ids)."""
-    from handlerkit.requests import batch as make_batch
+    from handlerkit.batches import batch as make_batch
 
     requests = list(batch.requests)
     if not requests:

@@ -108,7 +108,7 @@ class VisionHandler(BaseHandler):
         for index, row in enumerate(data):
             payload = request_payload(row)
             if payload is None or (isinstance(payload, (bytes, bytearray, str)) and not payload):
-                what = f"keys {list(row)}" if isinstance(row, dict) else type(row).__name__
+                what = f"got {list(row)}" if isinstance(row, dict) else f"got a {type(row).__name__}"
                 empty = "an empty body" if payload is not None else f"no image under 'data' or 'body' ({what})"
                 raise RequestError(
                     f"request {index}: {empty}",
