@@ -103,7 +103,8 @@ def stage_error(
     """The :class:`StageError` for ``exc`` raised in ``stage``."""
     where = f"request {request_index}" if request_index is not None else "the batch"
     location = raised_at(exc, handler_files)
-    message = f"{stage} failed in {handler} for {where}: {type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+    what = getattr(exc, "reason", None) or getattr(exc, "message", None) or exc  # the fix is added once, below
+    message = f"{stage} failed in {handler} for {where}: {type(exc).__name__}: {what}"
     if location is not None:
         message += f"\n  at {location[0]}:{location[1]}: {location[2]}"
     fix = suggest_fix(stage, exc)

@@ -141,17 +141,23 @@ class RequestError(PredictionException, HandlerkitError, ValueError):
     request of the batch is at fault. It is a :class:`PredictionException` with code 400, so
     TorchServe answers the client "400 Bad Request" with this message instead of its generic
     "503 Prediction failed" — for every request of the server batch, as any exception does.
+
+    Attributes:
+        reason: what is wrong with the request.
+        fix: what the client should send instead.
+        message: what TorchServe's worker answers the client: the reason and the fix.
     """
 
     def __init__(
         self, message: str, request_index: int | None = None, error_code: int = 400, *, fix: str | None = None
     ):
-        PredictionException.__init__(self, message, error_code)
+        PredictionException.__init__(self, f"{message}\n  fix: {fix}" if fix else message, error_code)
+        self.reason = message
         self.fix = fix
         self.request_index = request_index
 
     def __str__(self) -> str:
-        return HandlerkitError.__str__(self)
+        return self.message
 
 
 # ------------------------------------------------------------------ TorchServe's base class

@@ -46,7 +46,8 @@ def test_config_error_lists_its_problems():
 def test_request_error_is_a_400_prediction_exception_with_its_index():
     error = RequestError("request 2: not an image", 2, fix="send a PNG")
     assert isinstance(error, PredictionException) and isinstance(error, ValueError)
-    assert (error.error_code, error.request_index, error.message) == (400, 2, "request 2: not an image")
+    assert (error.error_code, error.request_index, error.reason) == (400, 2, "request 2: not an image")
+    assert error.message == "request 2: not an image\n  fix: send a PNG"  # what TorchServe answers the client
     assert str(PredictionException("teapot", 418)) == "teapot : 418"
 
 
