@@ -16,7 +16,7 @@ import warnings
 from types import TracebackType
 from typing import Any, Callable
 
-from handlerkit.errors import StageError
+from handlerkit.errors import HandlerkitError, StageError
 
 __all__ = ["failing_request", "handler_files", "raised_at", "stage_error", "suggest_fix"]
 
@@ -102,7 +102,9 @@ def stage_error(
 ) -> StageError:
     """The :class:`StageError` for ``exc`` raised in ``stage``."""
     where = f"request {request_index}" if request_index is not None else "the batch"
-    location = raised_at(exc, handler_files)
+    # handlerkit's own errors say what is wrong and how to fix it; for any other exception the
+    # line of the handler that raised it is the most useful pointer.
+    location = None if isinstance(exc, HandlerkitError) else raised_at(exc, handler_files)
     what = getattr(exc, "reason", None) or getattr(exc, "message", None) or exc  # the fix is added once, below
     message = f"{stage} failed in {handler} for {where}: {type(exc).__name__}: {what}"
     if location is not None:

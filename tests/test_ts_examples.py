@@ -192,7 +192,8 @@ def test_micro_batching_assigned_in_initialize_is_ignored_as_by_torchserve(tmp_p
     assert served_handler(service).seen_batches == [5]
 
     h = harness(archive(tmp_path / "hk", "late_micro_batching_handler"))
-    run = h.run(batch)
+    with pytest.warns(hk.HandlerkitWarning, match="takes handle before initialize runs, so the server ignores it"):
+        run = h.run(batch)  # runs initialize first, which sets self.handle: the harness says so
 
     assert h.handler.seen_batches == [5]
     assert_close(run.output, expected)
