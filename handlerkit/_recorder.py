@@ -86,23 +86,18 @@ class Recorder:
         if self.track_memory and threading.get_ident() == self._owner:
             memory = MemoryTracker(device=self.device).__enter__()
         try:
-            if not self.sync:
-                t0 = time.perf_counter_ns()
-                try:
-                    lap.output = func(value, *args, **kwargs)
-                except BaseException as exc:
-                    lap.error = exc
-                    raise
-                finally:
+            # On CPU two clock reads; an accelerator needs the synchronising Timer.
+            timer = Timer(self.device).start() if self.sync else None
+            t0 = time.perf_counter_ns()
+            try:
+                lap.output = func(value, *args, **kwargs)
+            except BaseException as exc:
+                lap.error = exc
+                raise
+            finally:
+                if timer is None:
                     lap.wall_ms = (time.perf_counter_ns() - t0) / 1e6
-            else:
-                timer = Timer(self.device).start()
-                try:
-                    lap.output = func(value, *args, **kwargs)
-                except BaseException as exc:
-                    lap.error = exc
-                    raise
-                finally:
+                else:
                     lap.wall_ms = timer.stop(failed=lap.error is not None)
                     lap.device_ms = timer.device_ms
         finally:

@@ -91,3 +91,9 @@ def did_you_mean(word: str, candidates: Iterable[str], *, cutoff: float = 0.75, 
     lowered = {c.lower(): c for c in choices}
     match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=cutoff)
     return lowered[match[0]] if match else None
+
+
+def suggestion(word: str, candidates: Iterable[str], *, cutoff: float = 0.75, prefix: bool = False) -> str:
+    """``" (did you mean 'x'?)"`` for the closest candidate (see :func:`did_you_mean`), or ``""``."""
+    near = did_you_mean(word, candidates, cutoff=cutoff, prefix=prefix)
+    return f" (did you mean {near!r}?)" if near else ""

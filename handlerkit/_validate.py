@@ -12,6 +12,7 @@ boolean (not the quoted string ``"true"``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -131,3 +132,37 @@ def _unquoted(value: Any, kind: str) -> str | None:
     if kind == "bool" and text in ("true", "false", "yes", "no", "on", "off"):
         return "true" if text in ("true", "yes", "on") else "false"
     return None
+
+
+_YAML_FIX = "indent with spaces (not tabs), put a space after each ':', and quote values that contain ': ' or start with '{', '[', '*' or '&'"
+
+
+def read_yaml(path: str | os.PathLike[str], *, what: str, missing_fix: str) -> Any:
+    """``yaml.safe_load`` of a config file, every way it can fail a :class:`ConfigError`.
+
+    Args:
+        path: the file.
+        what: what the file is, for messages (``"model config"``, ``"metrics config"``).
+        missing_fix: the fix when the file does not exist.
+    """
+    import yaml  # lazily: keeps `import handlerkit` fast
+
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{source}: no such {what} (looked in {os.path.abspath(source)})", fix=missing_fix) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: the {what} cannot be read: {exc}", fix="make it a readable UTF-8 text file") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
+        near = f" near line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"{source}{where}: not valid YAML: {problem or str(exc).splitlines()[0]}",
+            fix=f"check the YAML{near}: {_YAML_FIX}",
+        ) from exc

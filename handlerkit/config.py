@@ -37,8 +37,8 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from handlerkit._stack import user_stacklevel
-from handlerkit._text import did_you_mean
-from handlerkit._validate import Findings, describe
+from handlerkit._text import did_you_mean, suggestion
+from handlerkit._validate import Findings, describe, read_yaml
 from handlerkit.errors import ConfigError, HandlerkitWarning
 from handlerkit.pt2 import TORCHSERVE_PT2_BACKENDS, Pt2Config, _parse_pt2
 
@@ -253,24 +253,13 @@ def load_config(path: str | os.PathLike[str]) -> ModelConfig:
         ConfigError: the file is missing, is not valid YAML, its top level is not a mapping, or
             values have the wrong type (all such problems in one message, one per line).
     """
-    import yaml  # lazily: keeps `import handlerkit` fast
-
     source = os.fspath(path)
-    try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            f"{source}: no such file",
-            fix="check the path (a model dir's config is the file named by the manifest's configFile, "
-            "usually model-config.yaml)",
-        ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source}: cannot be read: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise _yaml_error(source, exc) from exc
+    data = read_yaml(
+        source,
+        what="model config",
+        missing_fix="check the path (a model dir's config is the file named by the manifest's configFile, "
+        "usually model-config.yaml)",
+    )
     config = _parse(data, source)
     _emit(config)
     return config
@@ -302,20 +291,6 @@ def _emit(config: ModelConfig) -> None:
     where = "" if config.source.startswith("<") else f" (in {config.source})"
     for message in config.warnings:
         warnings.warn(f"handlerkit: {message}{where}", HandlerkitWarning, stacklevel=user_stacklevel())
-
-
-def _yaml_error(source: str, exc: Exception) -> ConfigError:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None)
-    context = getattr(exc, "context", None)
-    what = " ".join(p for p in (context, problem) if p) or str(exc).splitlines()[0]
-    near = f" near line {mark.line + 1}" if mark is not None else ""
-    return ConfigError(
-        f"{source}{where}: not valid YAML: {what}",
-        fix=f"check the YAML{near}: indent with spaces (not tabs), put a space after each ':', and "
-        "quote values that contain ': ' or start with '{', '[', '*' or '&'",
-    )
 
 
 def _parse(data: Any, source: str) -> ModelConfig:
@@ -377,8 +352,7 @@ def _server_value(spec: _Key, value: Any, found: Findings) -> Any:
     if spec.kind == "int" and spec.minimum is not None and value < spec.minimum:
         found.note(f"{spec.yaml}: {value} is below {spec.minimum}; TorchServe 0.12 {spec.below}")
     elif spec.kind == "str" and spec.choices and value.lower() not in spec.choices:
-        near = did_you_mean(value, spec.choices, cutoff=0.6, prefix=True)
-        hint = f" (did you mean {near!r}?)" if near else ""
+        hint = suggestion(value, spec.choices, cutoff=0.6, prefix=True)
         found.note(
             f"{spec.yaml}: {value!r} is not one of {', '.join(spec.choices)}{hint}; "
             f"TorchServe 0.12 treats it as unset"
@@ -402,8 +376,7 @@ def _parse_torchrun(value: Mapping[Any, Any], found: Findings) -> dict[str, Any]
             continue
         spec = _TORCHRUN_KEYS.get(key)
         if spec is None:
-            near = did_you_mean(key, _TORCHRUN_KEYS, prefix=True)
-            hint = f" (did you mean {near!r}?)" if near else ""
+            hint = suggestion(key, _TORCHRUN_KEYS, prefix=True)
             found.note(f"unknown key {path}{hint}; TorchServe 0.12 ignores it")
             continue
         kind, minimum, below = spec

@@ -32,7 +32,8 @@ from enum import Enum
 from typing import Any
 
 from handlerkit._stack import user_stacklevel
-from handlerkit._text import did_you_mean
+from handlerkit._text import did_you_mean, suggestion
+from handlerkit._validate import describe, read_yaml
 from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning
 
 __all__ = [
@@ -223,35 +224,13 @@ def load_metrics_config(path: str | os.PathLike[str] | MetricsConfig | None = No
             f"metrics_config must be the path of a metrics YAML, a MetricsConfig or None: got "
             f"{type(path).__name__} {path!r}"
         )
-    import yaml  # lazily: keeps `import handlerkit` fast
-
     source = os.fspath(path)
-    try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            f"{source}: no such metrics config (looked in {os.path.abspath(source)})",
-            fix="pass the path of a TorchServe metrics YAML (config.properties' metrics_config; "
-            "ts/configs/metrics.yaml is a starting point), or metrics_config=None for "
-            "TorchServe's default",
-        ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"{source}: the metrics config cannot be read: {exc}",
-            fix="make it a readable UTF-8 text file",
-        ) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(
-            f"{source}{where}: not valid YAML: {what}; TorchServe 0.12's worker would not start",
-            fix="indent with spaces (not tabs), put a space after each ':', and write each metric "
-            "as {name: ..., unit: ..., dimensions: [...]}",
-        ) from exc
+    data = read_yaml(
+        source,
+        what="metrics config",
+        missing_fix="pass the path of a TorchServe metrics YAML (config.properties' metrics_config; "
+        "ts/configs/metrics.yaml is a starting point), or metrics_config=None for TorchServe's default",
+    )
     return parse_metrics_config(data, source)
 
 
@@ -276,13 +255,12 @@ def parse_metrics_config(data: Any, source: str) -> MetricsConfig:
     problems: list[str] = []
     for key in data:
         if key not in _SECTIONS:
-            hint = did_you_mean(str(key), _SECTIONS)
             problems.append(
-                f"unknown section {key!r}{f' (did you mean {hint!r}?)' if hint else ''}; the "
+                f"unknown section {key!r}{suggestion(str(key), _SECTIONS)}; the "
                 f"frontend knows only {', '.join(_SECTIONS)}{_FRONTEND_FAILS}"
             )
     if "dimensions" in data and not isinstance(data["dimensions"], list):
-        problems.append(f"dimensions: expected a list of names: got {_describe(data['dimensions'])}{_FRONTEND_FAILS}")
+        problems.append(f"dimensions: expected a list of names: got {describe(data['dimensions'])}{_FRONTEND_FAILS}")
     if "model_metrics" not in data:
         problems.append(
             "no model_metrics section; TorchServe 0.12's worker fails to start "
@@ -312,19 +290,18 @@ def _section(value: Any, where: str, problems: list[str], *, needs_dimensions: b
     if not value:
         return []
     if not isinstance(value, Mapping):
-        problems.append(f"{where}: expected a mapping of counter/gauge/histogram to lists: got {_describe(value)}")
+        problems.append(f"{where}: expected a mapping of counter/gauge/histogram to lists: got {describe(value)}")
         return []
     specs: list[MetricSpec] = []
     for type_name, entries in value.items():
         if type_name not in _TYPES:
-            hint = did_you_mean(str(type_name), _TYPES)
             problems.append(
                 f"{where}: invalid metric type {type_name!r}"
-                f"{f' (did you mean {hint!r}?)' if hint else ''}; the types are {', '.join(_TYPES)}"
+                f"{suggestion(str(type_name), _TYPES)}; the types are {', '.join(_TYPES)}"
             )
             continue
         if not isinstance(entries, list):
-            problems.append(f"{where}.{type_name}: expected a list of metrics: got {_describe(entries)}")
+            problems.append(f"{where}.{type_name}: expected a list of metrics: got {describe(entries)}")
             continue
         for i, entry in enumerate(entries):
             spec = _entry(entry, f"{where}.{type_name}[{i}]", MetricType(type_name), problems, needs_dimensions)
@@ -337,26 +314,25 @@ def _entry(
     entry: Any, where: str, kind: MetricType, problems: list[str], needs_dimensions: bool
 ) -> MetricSpec | None:
     if not isinstance(entry, Mapping):
-        problems.append(f"{where}: expected {{name: ..., unit: ..., dimensions: [...]}}: got {_describe(entry)}")
+        problems.append(f"{where}: expected {{name: ..., unit: ..., dimensions: [...]}}: got {describe(entry)}")
         return None
     found = len(problems)
     for key in entry:
         if key not in _ENTRY_KEYS:
-            hint = did_you_mean(str(key), _ENTRY_KEYS)
             problems.append(
-                f"{where}: unknown key {key!r}{f' (did you mean {hint!r}?)' if hint else ''}; "
+                f"{where}: unknown key {key!r}{suggestion(str(key), _ENTRY_KEYS)}; "
                 f"a metric has name, unit and dimensions{_FRONTEND_FAILS}"
             )
     for key in ("name", "unit"):
         value = entry.get(key)
         if not isinstance(value, str) or not value:
-            problems.append(f"{where}.{key}: expected a non-empty string: got {_describe(value)}")
+            problems.append(f"{where}.{key}: expected a non-empty string: got {describe(value)}")
     dims = entry.get("dimensions")
     if dims is None:
         if needs_dimensions:  # the worker reads the key, the frontend appends Hostname to the list
             problems.append(f"{where}: no dimensions; TorchServe 0.12 needs a list here (dimensions: [] for none)")
     elif not (isinstance(dims, list) and all(isinstance(d, str) for d in dims)):
-        problems.append(f"{where}.dimensions: expected a list of names: got {_describe(dims)}")
+        problems.append(f"{where}.dimensions: expected a list of names: got {describe(dims)}")
     if len(problems) > found:
         return None
     return MetricSpec(entry["name"], kind, entry["unit"], tuple(dims or ()))
@@ -378,13 +354,6 @@ def _last_wins(specs: list[MetricSpec], source: str) -> tuple[MetricSpec, ...]:
             del kept[key]
         kept[key] = spec
     return tuple(kept.values())
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 # TorchServe 0.12's ts/configs/metrics.yaml, as the data safe_load gives (anchors resolved).

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from handlerkit._text import did_you_mean
+from handlerkit._text import suggestion
 from handlerkit._validate import Findings, describe
 
 __all__ = ["Pt2Config", "Pt2Schema", "TORCHSERVE_PT2_BACKENDS"]
@@ -131,8 +131,7 @@ def _unknown_keys(
     """Note each key of ``mapping`` outside ``known`` (with a did-you-mean); return them."""
     unknown = [k for k in mapping if k not in known]
     for key in unknown:
-        near = did_you_mean(key, known, prefix=True) if isinstance(key, str) else None
-        hint = f" (did you mean {near!r}?)" if near else ""
+        hint = suggestion(key, known, prefix=True) if isinstance(key, str) else ""
         found.note(f"unknown key {path}.{key}{hint}; {consequence}")
     return [str(k) for k in unknown]
 
@@ -326,8 +325,7 @@ def _blocked(options: Mapping[str, Any], unknown: list[str], path: str, found: F
     if unknown:
         return f"torch.compile has no argument {', '.join(map(repr, unknown))}"
     if isinstance(mode, str) and mode not in _COMPILE_MODES:
-        near = did_you_mean(mode, _COMPILE_MODES, cutoff=0.6, prefix=True)
-        hint = f" (did you mean {near!r}?)" if near else ""
+        hint = suggestion(mode, _COMPILE_MODES, cutoff=0.6, prefix=True)
         found.note(
             f"{path}.mode: {mode!r} is not one of {', '.join(_COMPILE_MODES)}{hint}; torch.compile "
             f"raises and TorchServe 0.12 serves the model uncompiled"

@@ -316,7 +316,7 @@ def test_malformed_yaml_names_file_line_and_column(tmp_path):
 
 
 def test_missing_file_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"nope\.yaml: no such file") as info:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: no such model config") as info:
         load_config(tmp_path / "nope.yaml")
     assert "configFile" in info.value.fix
 
