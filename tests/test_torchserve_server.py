@@ -66,19 +66,25 @@ BATCHED_DELAY_MS = 5000
 STARTUP_TIMEOUT_S = 120
 
 #: handlerkit's ImageClassifier, unchanged but for response headers saying how big the batch
-#: was and which Python and handlerkit run it.
+#: was, which Python and handlerkit run it, and every request header the handler saw (less the
+#: three http.client adds by itself), so the frontend's own (url_path, explain) are compared too.
 SHAPES_HANDLER = '''\
 """handlerkit's ImageClassifier, served by TorchServe (tests/test_torchserve_server.py)."""
+import json
 import sys
 
 import handlerkit
 from handlerkit.handlers.image_classifier import ImageClassifier
+
+TRANSPORT = ("Host", "Content-Length", "Accept-Encoding")
 
 
 class ShapesHandler(ImageClassifier):
     def postprocess(self, data):
         out = super().postprocess(data)
         for idx in range(len(out)):
+            seen = {k: v for k, v in self.context.get_all_request_header(idx).items() if k not in TRANSPORT}
+            self.context.set_response_header(idx, "X-HK-Request-Headers", json.dumps(seen, sort_keys=True))
             self.context.set_response_header(idx, "X-HK-Batch-Size", str(len(out)))
             self.context.set_response_header(idx, "X-HK-Python", sys.executable)
             self.context.set_response_header(idx, "X-HK-Handlerkit", handlerkit.__file__)
@@ -232,7 +238,7 @@ def _request(image: Path, mode: str) -> tuple[str, bytes, dict[str, str], Any]:
         return "PUT", data, {}, hk.Request.from_bytes(data)
     if mode == "multipart":  # curl -F data=@img
         body, header = multipart({"data": (image.name, data, content_type)})
-        return "POST", body, {"Content-Type": header}, hk.Request.from_file(image, name="data")
+        return "POST", body, {"Content-Type": header}, hk.Request.from_file(image, name="data", headers={"Content-Type": header})
     raise ValueError(mode)
 
 
@@ -306,6 +312,23 @@ def test_image_prediction_matches_harness(server: TorchServe, harnesses: dict[st
     assert resp.body == json.dumps(resp.json(), indent=2).encode()
     assert resp.header("Content-Type") is None and h.context.get_response_content_type(0) is None
     assert resp.reason == ""
+
+
+def test_frontend_added_headers_match_the_harness(server: TorchServe, harnesses: dict[str, Any]) -> None:
+    """TorchServe's frontend adds url_path (what follows /predictions/<model>/<version>/) and
+    explain: "False" to every prediction request; hk.Request adds the same, so the handler sees
+    the same header dict under the server and in the harness."""
+    import handlerkit as hk
+    from _ts_server import request
+
+    image = IMAGES_DIR / "circle.png"
+    resp = request(server.inference_port, "POST", "/predictions/shapes/1.0/v1/classify", image.read_bytes(), {"Content-Type": "image/png"})
+    assert resp.status == 200, _why(server, resp)
+    h = harnesses["shapes"]
+    h.run(hk.batch(hk.Request.from_file(image, url_path="v1/classify")))
+    served = json.loads(resp.header("X-HK-Request-Headers") or "{}")
+    assert served == json.loads(h.context.get_response_headers(0)["X-HK-Request-Headers"]), _why(server, resp)
+    assert served["url_path"] == "v1/classify" and served["explain"] == "False"
 
 
 @pytest.mark.parametrize("content_type", ["application/octet-stream", "text/plain"])
