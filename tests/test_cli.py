@@ -51,3 +51,29 @@ def test_errors_are_reported_without_a_traceback(tmp_path, capsys):
         code = main(["run", str(tmp_path), os.path.join(ROOT, "fixtures", "images", "square.png")])
     assert code == 1
     assert "handlerkit: error:" in capsys.readouterr().err
+
+
+def test_a_missing_input_file_is_one_line_and_exit_code_2(capsys):
+    model_dir = os.path.join(ROOT, "fixtures", "models", "image_classifier")
+    assert main(["run", model_dir, "missing.png"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "handlerkit: error: no such file: missing.png\n" and captured.out == ""
+
+
+def test_a_missing_model_dir_is_exit_code_2(capsys, tmp_path):
+    image = os.path.join(ROOT, "fixtures", "images", "square.png")
+    assert main(["run", str(tmp_path / "nowhere"), image]) == 2
+    assert capsys.readouterr().err.startswith("handlerkit: error: no such model dir: ")
+
+
+def test_demo_help_says_what_it_does():
+    out = subprocess.run([sys.executable, "-m", "handlerkit.cli", "demo", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "built-in image_classifier on the bundled 'shapes' model" in text
+    assert "grace_hopper.jpg is a real photo outside what the shapes model knows" in text
+
+
+def test_demo_notes_that_the_photo_is_outside_the_model(capsys):
+    assert main(["demo"]) == 0
+    assert "grace_hopper.jpg is a photo outside what it knows" in capsys.readouterr().out

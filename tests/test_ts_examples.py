@@ -10,6 +10,7 @@ BaseHandler, run by TorchServe's own worker code in-process (``ts.model_loader.T
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import re
 from pathlib import Path
@@ -79,15 +80,17 @@ def archive(model_dir: Path, example: str, base: str = "handlerkit", *, model: b
     return write_model_dir(model_dir, LINEAR_MODEL_PY if model else None, manifest=manifest, config=config)
 
 
-def ts_load(model_dir: Path, batch_size: int, metrics_cache: Any = None) -> Any:
-    """TorchServe's worker loading the archive: handler resolution, construction, initialize."""
+def ts_load(model_dir: Path, batch_size: int, metrics_cache: Any = None, envelope: str | None = None) -> Any:
+    """TorchServe's worker loading the archive: handler resolution, construction, initialize
+    (and the service envelope around the entry point, as ``service_envelope`` makes it)."""
     from ts.model_loader import TsModelLoader
 
     handler = next(p.name for p in model_dir.glob("*_handler.py"))
     cache = metrics_cache if metrics_cache is not None else ts_metrics_cache(MODEL_NAME)
     with ts_imports(model_dir):
         service = TsModelLoader().load(
-            MODEL_NAME, str(model_dir), handler=handler, gpu_id=None, batch_size=batch_size, metrics_cache=cache
+            MODEL_NAME, str(model_dir), handler=handler, gpu_id=None, batch_size=batch_size, metrics_cache=cache,
+            envelope=envelope,
         )
     service.set_cl_socket(None)
     return service
@@ -521,3 +524,42 @@ def test_enable_torch_profiler_writes_a_trace_and_keeps_stage_results(tmp_path, 
     for stage in ("preprocess", "inference", "postprocess"):
         assert run.stages[stage].ok, stage
         assert run.stages[stage].wall_ms > 0, stage
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Service envelopes (service_envelope=json|kservev2 in config.properties)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.torchserve
+def test_json_envelope_in_the_harness_answers_what_the_worker_answers(tmp_path):
+    """With ``service_envelope=json`` the worker wraps handle: the instances of every request go to
+    the handler as one flat list, and the answers come back per request as ``{"predictions": ...}``.
+    ``hk.Harness(..., envelope="json")`` applies the same envelope to the same requests."""
+    from handlerkit.envelopes import request, unwrap_response
+
+    batch = hk.batch(request("json", ROWS[:2]), request("json", ROWS[2:3]))
+    service = ts_load(archive(tmp_path / "ts", "rows_handler", "torchserve"), 2, envelope="json")
+    code, expected = ts_predict(service, batch)
+    assert code == 200 and [len(unwrap_response("json", item)) for item in expected] == [2, 1]
+
+    ctx = hk.MockContext.from_model_dir(archive(tmp_path / "hk", "rows_handler"))
+    h = hk.Harness(ctx.manifest["model"]["handler"], ctx, envelope="json")
+    run = h.run(batch)
+    assert [json.loads(item) for item in run.output] == expected  # the json envelope answers JSON text
+    assert run.stages["preprocess"].input == ROWS[:3]  # the envelope's flat list of instances
+    assert torch.equal(h.preprocess(batch).output, torch.tensor(ROWS[:3]))  # a single step sees it too
+
+
+@pytest.mark.torchserve
+def test_kservev2_envelope_in_the_harness_answers_what_the_worker_answers(tmp_path):
+    from handlerkit.envelopes import request
+
+    batch = hk.batch(request("kservev2", ROWS[:2], id="req-7"))
+    service = ts_load(archive(tmp_path / "ts", "v2_rows_handler", "torchserve"), 1, envelope="kservev2")
+    code, expected = ts_predict(service, batch)
+    assert code == 200 and expected[0]["id"] == "req-7"
+
+    ctx = hk.MockContext.from_model_dir(archive(tmp_path / "hk", "v2_rows_handler"))
+    run = hk.Harness(ctx.manifest["model"]["handler"], ctx, envelope="kservev2").run(batch)
+    assert json.loads(json.dumps(run.output, default=list)) == expected
