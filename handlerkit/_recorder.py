@@ -84,26 +84,23 @@ class Recorder:
         w0, l0, m0 = len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0
         memory = None
         if self.track_memory and threading.get_ident() == self._owner:
-            memory = MemoryTracker(device=self.device).__enter__()
+            memory = lap.memory = MemoryTracker(device=self.device).__enter__()
+        # On CPU two clock reads; an accelerator needs the synchronising Timer.
+        timer = Timer(self.device).start() if self.sync else None
+        t0 = time.perf_counter_ns()
         try:
-            # On CPU two clock reads; an accelerator needs the synchronising Timer.
-            timer = Timer(self.device).start() if self.sync else None
-            t0 = time.perf_counter_ns()
-            try:
-                lap.output = func(value, *args, **kwargs)
-            except BaseException as exc:
-                lap.error = exc
-                raise
-            finally:
-                if timer is None:
-                    lap.wall_ms = (time.perf_counter_ns() - t0) / 1e6
-                else:
-                    lap.wall_ms = timer.stop(failed=lap.error is not None)
-                    lap.device_ms = timer.device_ms
+            lap.output = func(value, *args, **kwargs)
+        except BaseException as exc:
+            lap.error = exc
+            raise
         finally:
+            if timer is None:
+                lap.wall_ms = (time.perf_counter_ns() - t0) / 1e6
+            else:
+                lap.wall_ms = timer.stop(failed=lap.error is not None)
+                lap.device_ms = timer.device_ms
             if memory is not None:
                 memory.__exit__(None, None, None)
-                lap.memory = memory
             lap.marks = (w0, l0, m0, len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0)
         return lap.output
 
@@ -115,10 +112,22 @@ class Recorder:
         warnings_seen, logs_seen, metrics = self.capture.warnings, self.capture.logs, self.metrics
         built = []
         for stage, laps in grouped.items():
-            first = laps[0]
-            if len(laps) == 1:
-                result = StageResult(stage, first.input, first.output, first.wall_ms, first.device_ms)
+            if len(laps) == 1:  # the usual case, kept to a few operations: it runs for every stage
+                lap = laps[0]
+                w0, l0, m0, w1, l1, m1 = lap.marks
+                result = StageResult(
+                    stage,
+                    lap.input,
+                    lap.output,
+                    lap.wall_ms,
+                    lap.device_ms,
+                    logs=logs_seen[l0:l1],
+                    warnings=warnings_seen[w0:w1],
+                    metrics=metrics.since(m0, m1) if metrics is not None else [],
+                )
+                tracked = [lap.memory] if lap.memory is not None else []
             else:
+                first = laps[0]
                 result = StageResult(
                     stage,
                     [lap.input for lap in laps],
@@ -127,13 +136,13 @@ class Recorder:
                     None if first.device_ms is None else sum(lap.device_ms or 0.0 for lap in laps),
                     calls=len(laps),
                 )
-            for lap in laps:
-                w0, l0, m0, w1, l1, m1 = lap.marks
-                result.warnings.extend(warnings_seen[w0:w1])
-                result.logs.extend(logs_seen[l0:l1])
-                if metrics is not None:
-                    result.metrics.extend(metrics.since(m0, m1))
-            tracked = [lap.memory for lap in laps if lap.memory is not None]
+                for lap in laps:
+                    w0, l0, m0, w1, l1, m1 = lap.marks
+                    result.warnings.extend(warnings_seen[w0:w1])
+                    result.logs.extend(logs_seen[l0:l1])
+                    if metrics is not None:
+                        result.metrics.extend(metrics.since(m0, m1))
+                tracked = [lap.memory for lap in laps if lap.memory is not None]
             if tracked:
                 result.cpu_peak_bytes = _peak(m.cpu_peak_bytes for m in tracked)
                 result.cpu_peak_delta_bytes = _peak(m.cpu_peak_delta_bytes for m in tracked)
