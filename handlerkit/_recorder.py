@@ -169,6 +169,9 @@ def _peak(values: Any) -> int | None:
     return max(known) if known else None
 
 
+_KEY = "_handlerkit_spies"  # where an instance keeps its Spies
+
+
 class Spies:
     """Pass-through stand-ins for a handler's stage methods, put on the instance once.
 
@@ -186,7 +189,6 @@ class Spies:
         own = vars(handler)
         for name, stage in SPIED:
             held = own.get(name)
-            held = getattr(held, "_handlerkit_held", held)  # another harness's spy: spy on what it held
             if held is None and not callable(getattr(type(handler), name, None)):
                 continue
             own[name] = self._spy(handler, name, stage, held)
@@ -206,7 +208,6 @@ class Spies:
                     return method()(*args, **kwargs)
                 return recorder.call(stage, lambda _none: method()(*args, **kwargs), None)
 
-            describe_spy._handlerkit_held = held  # type: ignore[attr-defined]
             return describe_spy
 
         def spy(*args: Any, **kwargs: Any) -> Any:
@@ -216,12 +217,16 @@ class Spies:
             return recorder.call(stage, method(), *args, **kwargs)
 
         spy.__name__ = spy.__qualname__ = name
-        spy._handlerkit_held = held  # type: ignore[attr-defined]
         return spy
 
     @staticmethod
     def install(handler: Any) -> Spies | None:
-        """Spies on ``handler`` (None for an object without an instance dict)."""
-        if not hasattr(handler, "__dict__"):
+        """Spies on ``handler`` (None for an object without an instance dict); a handler that
+        already has them (another harness on the same instance) keeps and shares them."""
+        own = getattr(handler, "__dict__", None)
+        if own is None:
             return None
-        return Spies(handler)
+        spies = own.get(_KEY)
+        if not isinstance(spies, Spies):
+            spies = own[_KEY] = Spies(handler)
+        return spies
