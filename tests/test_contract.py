@@ -1,0 +1,56 @@
+"""The worker's rules for handle's output (handlerkit.contract), as Problem data with a fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
+
+
+def test_the_stages_are_defined_once():
+    assert STAGES == ("initialize", *HANDLER_STAGES) and HANDLER_STAGES == ("preprocess", "inference", "postprocess")
+
+
+@pytest.mark.parametrize(
+    "item, check",
+    [
+        ({"a": 1.0, "b": [1, 2, {"c": None}]}, None),
+        ({"a": float("inf")}, "item-nan"),
+        ([[1.0, float("nan")]], "item-nan"),
+        ({("tuple", "key"): 1}, "item-serialisable"),
+        ({"a": {1, 2}}, "item-serialisable"),
+        ({1: "int keys are fine", 2.5: "float keys too", None: True}, None),
+        (torch.tensor([1.0]), "item-type"),
+    ],
+)
+def test_output_items_are_judged_as_json_dumps_would(item, check):
+    problems = check_output([item], 1)
+    assert [p.check for p in problems] == ([check] if check else [])
+
+
+def test_a_problem_is_data_with_where_what_and_the_fix():
+    (count,) = check_output([{"a": 1}], 3, stage="postprocess")
+    assert (count.check, count.stage, count.request_index, count.severity) == ("output-count", "postprocess", None, "error")
+    assert "got 1 item(s) for a batch of 3" in count.message and "503" in count.message
+    assert count.fix == "build the output list from the batch, one entry for every request in data"
+    assert str(count) == f"postprocess: {count.message}; fix: {count.fix}"
+    (kind,) = check_output({"a": 1}, 1)
+    assert kind.check == "output-type" and kind.fix.startswith("return one item per request")
+    (nan,) = check_output([{"ok": 1.0}, {"bad": float("nan")}], 2)
+    assert nan.check == "item-nan" and nan.request_index == 1 and nan.message.endswith("not valid JSON")
+
+
+def test_skipped_stages_only_for_handlers_that_have_stage_methods():
+    class OnlyHandle:
+        def handle(self, data, context):
+            return data
+
+    class WithStages(OnlyHandle):
+        def preprocess(self, data):
+            return data
+
+    assert skipped_stages(OnlyHandle()) == []
+    (problem,) = skipped_stages(WithStages())
+    assert isinstance(problem, Problem) and problem.check == "skipped-stages" and problem.severity == "warning"
+    assert problem.message.startswith("WithStages.handle() never called preprocess")
