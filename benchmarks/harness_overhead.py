@@ -14,7 +14,10 @@ MemoryTracker around each stage, i.e. what an exact per-stage peak costs by itse
 the kernel's high-water mark and two /proc reads per stage, each a syscall).
 
 "Bare" is what TorchServe's worker does per batch: decode the requests, bind them to the
-context, call ``handler.handle(data, context)``.
+context, call ``handler.handle(data, context)``. ``Harness.run`` calls that same ``handle``
+(since issue 8: an override, micro-batching or an envelope runs as under the server), with the
+stage methods reporting to a recorder; before, it ran the three stages itself and skipped
+what ``handle`` does around them, which the bare call paid.
 
 Usage: python benchmarks/harness_overhead.py [--rounds 1000] [--resnet-rounds 200] [--skip-resnet]
 Exit status 1 when a target is missed.
