@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import struct
-import subprocess
-import sys
 
 import pytest
 

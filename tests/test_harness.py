@@ -465,6 +465,9 @@ def test_torchserve_image_classifier_runs_unchanged(tmp_path, images):
     assert run.output == theirs.handle(batch)
     assert list(run.stages) == ["initialize", "preprocess", "inference", "postprocess"]
     assert all(set(item) == {"a", "b", "c", "d", "e"} for item in run.output)
+    report = theirs.device_report()  # TorchServe's handler records no decisions: derived instead
+    assert report.device == "cpu" and report.reason == "chosen by the handler (it does not record why)"
+    assert report.stage_devices["inference"] == ["cpu"] and report.warnings == []
 
     ours = hk.Harness("image_classifier", context_for(model_dir))
     for mine, reference in zip(ours.run(batch).output, run.output):

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 
 from handlerkit.config import parse_config
 from handlerkit.errors import ConfigError, HandlerkitWarning
 from handlerkit.pt2 import TORCHSERVE_PT2_BACKENDS, Pt2Config
-
-
-def parse_quietly(mapping):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", HandlerkitWarning)
-        return parse_config(mapping, "model-config.yaml")
-
-
-def no_warnings(mapping):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", HandlerkitWarning)
-        return parse_config(mapping, "model-config.yaml")
+from test_config import no_warnings, parse_quietly
 
 
 def test_no_pt2_means_no_compile():

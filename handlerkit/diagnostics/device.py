@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlerkit._render import Rendered, Table
-from handlerkit import devices
+from handlerkit import devices as _devices
 from handlerkit.diagnostics._view import HarnessView
 
 __all__ = ["DeviceReport", "build_device_report", "fp32_precision_state", "gpu_facts", "model_placement", "watch_copies"]
@@ -18,7 +18,7 @@ def gpu_facts(device: Any) -> dict[str, Any]:
     """Name, compute capability and memory of a CUDA device (empty elsewhere)."""
     import torch
 
-    if getattr(device, "type", None) != "cuda" or not devices.cuda_available():
+    if getattr(device, "type", None) != "cuda" or not _devices.cuda_available():
         return {}
     props = torch.cuda.get_device_properties(device)
     return {
@@ -132,7 +132,7 @@ def build_device_report(harness: HarnessView) -> DeviceReport:
         reason, available, tf32, fmt = decisions.device_reason, decisions.available, decisions.tf32, decisions.model_format
     else:  # TorchServe's own handlers and function handlers record nothing: derive
         reason = "chosen by the handler (it does not record why)"
-        available, tf32, fmt = devices.availability(), {}, ""
+        available, tf32, fmt = _devices.availability(), {}, ""
     model = getattr(handler, "model", None)
     placement = model_placement(model) if model is not None else {"parameters": {}, "buffers": {}}
     stage_devices = {name: r.devices for name, r in harness.results.items() if name != "initialize"}
