@@ -40,9 +40,11 @@ class _InputError(Exception):
     """A usage or input problem: one line on stderr, exit code 2."""
 
 
-def _predictions(paths: Sequence[str], output: Sequence[object]) -> str:
+def _predictions(paths: Sequence[str], output: object) -> str:
     from handlerkit._text import render_text
 
+    if not isinstance(output, list):  # the contract table above says what is wrong with it
+        return render_text(["request", "handle returned"], [["(all)", repr(output)[:80]]])
     rows = []
     for path, item in zip(paths, output):
         if isinstance(item, dict) and item:
@@ -77,7 +79,7 @@ def run_model(model_dir: str, files: Sequence[str], handler: str | None, out: An
     print(run, file=stream)
     print(file=stream)
     print(_predictions(files, run.output), file=stream)
-    return 0 if not run.problems else 1
+    return 1 if any(p.severity == "error" for p in run.problems) else 0
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -106,10 +106,19 @@ class StageError(HandlerkitError):
         self.original = original
         self.location = location
 
+    def __reduce__(self) -> Any:  # keyword-only arguments: pickle and copy rebuild it this way
+        return (_rebuild_stage_error, (self.message, self.__dict__.copy()))
+
 
 class _PredictionBase(Exception):
     """The base of :class:`PredictionException` until TorchServe's class replaces it (a Python
     class, so the two have the same instance layout and ``__bases__`` can be swapped)."""
+
+
+def _rebuild_stage_error(message: str, state: dict[str, Any]) -> StageError:
+    error = StageError(message, stage=state.get("stage", ""))
+    error.__dict__.update(state)
+    return error
 
 
 class PredictionException(_PredictionBase):

@@ -35,7 +35,9 @@ from typing import Any, Callable
 
 from handlerkit import _failures
 from handlerkit._capture import Capture, ListHandler, enable_info_logs
-from handlerkit._recorder import Recorder, Spies
+from handlerkit._entry import class_bound, entry_point, is_base_handle
+from handlerkit import _recorder
+from handlerkit._recorder import Recorder
 from handlerkit._stack import user_stacklevel
 from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
@@ -48,17 +50,6 @@ __all__ = ["Harness"]
 
 _LISTING_MAX_AGE_S = 1.0  # see Harness.imports
 _ORDER = {name: i for i, name in enumerate(STAGES)}
-
-
-def _is_known_base_handle(func: Any) -> bool:
-    """True for BaseHandler.handle of handlerkit or TorchServe (handle runs the stages)."""
-    from handlerkit.handlers.base import BaseHandler
-
-    func = getattr(func, "__func__", func)
-    if func is BaseHandler.handle:
-        return True
-    module = getattr(func, "__module__", "") or ""
-    return module == "ts.torch_handler.base_handler" and getattr(func, "__qualname__", "") == "BaseHandler.handle"
 
 
 class Harness:
@@ -108,7 +99,8 @@ class Harness:
         self._capture: Capture | None = None
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
-        self._spies: Spies | None = None
+        self._spied = False  # the handler's stage calls reach the run's recorder
+        self._after_initialize: Any = None  # the config as initialize left it (see _fresh_config)
         self._resolve(handler)
         # TorchServe's worker takes the entry point before initialize runs (ts/model_loader.py):
         # a handle set on the instance in __init__ counts, one set in initialize does not.
@@ -133,25 +125,24 @@ class Harness:
             self.function = handler
         elif hasattr(handler, "handle"):
             self.handler = handler
-            self._spies = Spies.install(handler)
+            self._spied = _recorder.spy_on(handler)
         else:
             raise TypeError(
                 f"Harness needs a handler instance, class, spec string or handle(data, context) function; got {handler!r}"
             )
 
     def _build(self, cls: type) -> Any:
-        """``cls()``, with the stage spies on the instance before ``__init__`` runs."""
-        instance = cls.__new__(cls)
-        if isinstance(instance, cls):
-            self._spies = Spies.install(instance)
-            instance.__init__()
-        return instance
+        """``cls()``, built as its spied subclass so that objects made in ``__init__`` that keep
+        its stage methods (TorchServe's MicroBatching) call through to the recorder."""
+        spied = _recorder.spied_class(cls)
+        self._spied = spied is not None
+        return (spied or cls)()
 
     @property
     def name(self) -> str:
         if self.handler is not None:
             return type(self.handler).__name__
-        return getattr(self.function, "__qualname__", repr(self.function))
+        return getattr(self.function, "__qualname__", None) or type(self.function).__name__
 
     @property
     def is_function(self) -> bool:
@@ -161,23 +152,14 @@ class Harness:
     def single_stage(self) -> bool:
         """True when ``handle`` is not TorchServe's (a function handler, an override, or one set
         on the instance): then only a run through ``handle`` shows what the server does."""
-        return self.is_function or self._own_handle is not None or not _is_known_base_handle(type(self.handler).handle)
+        if self.is_function or self._own_handle is not None:
+            return True
+        return not is_base_handle(class_bound(self.handler, "handle"))
 
     @property
     def entry(self) -> Callable[[Any, Any], Any]:
-        """What TorchServe's worker calls for a batch: ``handle`` as it was before ``initialize``
-        (a class's, or one the instance set in ``__init__``), inside the envelope if any."""
-        if self.function is not None:
-            handle = self.function
-        elif self._own_handle is not None:
-            handle = self._own_handle
-        else:
-            handle = type(self.handler).handle.__get__(self.handler)
-        if self.envelope is None:
-            return handle
-        from handlerkit.envelopes import wrap
-
-        return wrap(handle, self.envelope)
+        """What TorchServe's worker calls for a batch (:func:`handlerkit._entry.entry_point`)."""
+        return entry_point(self.handler, self.function, self._own_handle, self.envelope)
 
     # -- plumbing ------------------------------------------------------------------------
     def _existing_model_dir(self) -> str | None:
@@ -220,7 +202,10 @@ class Harness:
         self._invalidate_from("preprocess")
         batch.bind(self.context)
         if self.handler is not None:
-            self.handler.context = self.context  # BaseHandler.handle sets it before preprocess
+            try:  # BaseHandler.handle sets it before preprocess; a step needs it set already
+                self.handler.context = self.context
+            except (AttributeError, TypeError):  # a handler with no such slot sets nothing
+                pass
 
     def _open_capture(self) -> Capture | None:
         """Open a capture unless one is open already (a step inside a run); None then."""
@@ -239,7 +224,9 @@ class Harness:
         metrics = self.context.metrics if self._metrics_marks else None
         return Recorder(self._capture, metrics, getattr(self.handler, "device", None), self.track_memory)
 
-    def _step(self, stage: str, func: Callable[[Any], Any], value: Any, request_count: int | None) -> StageResult:
+    def _step(
+        self, stage: str, func: Callable[[Any], Any], value: Any, request_count: int | None, on_batch_data: bool = False
+    ) -> StageResult:
         """Run ``func(value)`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors."""
         capture = self._open_capture()
         try:
@@ -251,18 +238,23 @@ class Harness:
                 error = exc
             result = recorder.build(self.results)[-1]
             if error is not None:
-                result.error = self._stage_error(stage, error, request_count)
+                result.error = self._stage_error(stage, error, request_count, on_batch_data=on_batch_data)
                 raise result.error from error
             return result
         finally:
             self._close_capture(capture)
 
-    def _stage_error(self, stage: str, exc: BaseException, request_count: int | None) -> StageError:
+    def _stage_error(
+        self, stage: str, exc: BaseException, request_count: int | None, *, on_batch_data: bool = False
+    ) -> StageError:
+        """``on_batch_data``: the stage got the batch's own data list, so running each request's
+        row alone through it can find the one at fault (not so under an envelope or a handle
+        that reshapes the data)."""
         index = getattr(exc, "request_index", None)
         about_a_request = not isinstance(exc, HandlerkitError)  # handlerkit's own errors say so themselves
         if index is None and request_count == 1 and about_a_request:
             index = 0
-        if index is None and stage == "preprocess" and about_a_request:
+        if index is None and stage == "preprocess" and about_a_request and on_batch_data:
             if self.batch is not None and len(self.batch) > 1:
                 index = _failures.failing_request(self.handler.preprocess, self.batch, self.context, self.imports)
         return _failures.stage_error(
@@ -280,8 +272,8 @@ class Harness:
         config = getattr(self.context, "model_yaml_config", None)
         if not isinstance(config, dict):
             return
-        if config is not getattr(self, "_handed_config", None):
-            self._pristine_config = copy.deepcopy(config)  # the user set a new config
+        if config is not getattr(self, "_handed_config", None) or config != self._after_initialize:
+            self._pristine_config = copy.deepcopy(config)  # the user set a new config, or edited it
         self._handed_config = copy.deepcopy(self._pristine_config)
         self.context.model_yaml_config = self._handed_config
 
@@ -299,6 +291,7 @@ class Harness:
             decisions = getattr(self.handler, "decisions", None)
             if decisions is not None and result.output is None:
                 result.output = decisions
+        self._after_initialize = copy.deepcopy(getattr(self.context, "model_yaml_config", None))
         late = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         if late is not None and late is not self._own_handle:
             warnings.warn(
@@ -312,7 +305,7 @@ class Harness:
     def preprocess(self, batch_or_data: Any) -> StageResult:
         """Bind the batch to the context and run ``preprocess(data)``.
 
-        ``batch_or_data`` is a :class:`~handlerkit.requests.Batch`, a Request, or any list
+        ``batch_or_data`` is a :class:`~handlerkit.batches.Batch`, a Request, or any list
         ``handle`` accepts (request dicts, or raw items such as ``[[1.0, 2.0]]``).
         """
         self._need_stage_methods("preprocess")
@@ -325,7 +318,7 @@ class Harness:
             envelope = get_envelope(self.envelope)(self.handler.handle)
             envelope.context = self.context
             data = envelope.parse_input(data)
-        return self._step("preprocess", self.handler.preprocess, data, len(batch))
+        return self._step("preprocess", self.handler.preprocess, data, len(batch), on_batch_data=self.envelope is None)
 
     def inference(self, x: Any = None) -> StageResult:
         """Run ``inference`` on ``x``, or on the last preprocess output."""
@@ -365,10 +358,11 @@ class Harness:
         return result.output
 
     def _need_stage_methods(self, stage: str) -> None:
-        if self.is_function:
+        if self.is_function or not callable(getattr(self.handler, stage, None)):
+            what = "a function handler" if self.is_function else f"a handler without a {stage} method"
             raise HandlerkitError(
-                f"{self.name} is a function handler: it has no {stage} stage to step through",
-                fix="use h.run(batch) (one 'handle' stage) or h.handle(batch)",
+                f"{self.name} is {what}: there is no {stage} stage to step through",
+                fix="use h.run(batch) (it runs handle, as the worker does) or h.handle(batch)",
             )
 
     # -- whole batches -------------------------------------------------------------------
@@ -391,9 +385,9 @@ class Harness:
             recorder = self._recorder()
             marks = (len(self._capture.warnings), len(self._capture.logs), recorder.metrics.mark() if recorder.metrics is not None else 0)
             data, entry, error, output = batch.data, self.entry, None, None
-            spies = self._spies
-            if spies is not None:
-                spies.recorder = recorder
+            spied = self._spied
+            if spied:
+                _recorder.start(self.handler, recorder)
             timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
             t0 = time.perf_counter_ns()
             try:
@@ -401,8 +395,8 @@ class Harness:
             except Exception as exc:
                 error = exc
             finally:
-                if spies is not None:
-                    spies.recorder = None
+                if spied:
+                    _recorder.stop(self.handler)
             handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
             if not built or error is not None and recorder.failed(error) is None:
@@ -411,13 +405,16 @@ class Harness:
                 lap = recorder.failed(error)
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
-                failed.error = self._stage_error(stage, error, count)
+                failed.error = self._stage_error(stage, error, count, on_batch_data=lap is not None and lap.input is data)
                 raise failed.error from error
+            for lap in recorder.laps:  # a stage that raised inside handle, which caught it
+                if lap.error is not None and isinstance(lap.error, Exception) and self.results[lap.stage].error is None:
+                    self.results[lap.stage].error = self._stage_error(lap.stage, lap.error, count)
         finally:
             self._close_capture(capture)
         last = built[-1]
         last.problems = check_output(output, count, stage=last.stage)
-        if last.stage == "handle" and self.handler is not None:
+        if last.stage == "handle" and self.handler is not None and self._spied:  # else unobservable
             last.problems.extend(skipped_stages(self.handler))
         self._warn_problems(last.problems)
         stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
@@ -434,7 +431,7 @@ class Harness:
         capture, metrics = self._capture, recorder.metrics
         records = metrics.since(marks[2]) if metrics is not None else []
         result = StageResult("handle", data, output, handle_ms, warnings=capture.warnings[marks[0]:],
-                             logs=capture.logs[marks[1]:], metrics=records, called_stages=[])
+                             logs=capture.logs[marks[1]:], metrics=records)
         self.results["handle"] = result
         return result
 
@@ -481,13 +478,14 @@ class Harness:
         from handlerkit._reload import reexecuted
 
         self._import_dir = self._existing_model_dir()
-        target = self.function if self.is_function else type(self.handler)
+        target = self.function if self.is_function else _recorder.own_class(self.handler)
         with self.imports(max_age=0):  # a model-dir module is in sys.modules only inside this block
             replacement = reexecuted(target, self.name)
         if self.is_function:
             self.function = replacement
         else:
             self.handler.__class__ = replacement
+            self._spied = _recorder.spy_on(self.handler)
         self._handler_files = _failures.handler_files(self.function or self.handler)
         self._invalidate_from("preprocess")
 

@@ -45,7 +45,6 @@ class StageResult(Rendered):
         metrics: metric records the handler added during the stage.
         error: the :class:`~handlerkit.errors.StageError`, when the stage raised.
         problems: contract problems (:class:`~handlerkit.contract.Problem`) found in the output.
-        called_stages: for a ``handle`` stage, the stage methods ``handle`` called.
     """
 
     stage: str
@@ -61,7 +60,6 @@ class StageResult(Rendered):
     metrics: list[Any] = field(default_factory=list)
     error: StageError | None = None
     problems: list[Any] = field(default_factory=list)
-    called_stages: list[str] | None = None
     calls: int = 1
 
     _tensors: list[TensorInfo] | None = field(default=None, repr=False)
@@ -129,7 +127,8 @@ class Run(Rendered):
     Attributes:
         output: ``handle``'s return value.
         stages: ``initialize`` and then each stage ``handle`` ran, in the order it first ran
-            them; a single ``handle`` stage when it ran none of the stage methods.
+            them; then a ``handle`` stage when it ran none of them, or when it raised outside
+            them (that stage carries the error).
         batch_size: requests in the batch.
         mode: ``"stages"`` (preprocess → inference → postprocess), ``"explain"``,
             ``"describe"``, or ``"handle"`` (handle ran no stage method).

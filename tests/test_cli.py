@@ -77,3 +77,13 @@ def test_demo_help_says_what_it_does():
 def test_demo_notes_that_the_photo_is_outside_the_model(capsys):
     assert main(["demo"]) == 0
     assert "grace_hopper.jpg is a photo outside what it knows" in capsys.readouterr().out
+
+
+def test_a_handler_returning_no_list_is_reported_with_exit_code_1(tmp_path, capsys):
+    (tmp_path / "handler.py").write_text("def handle(data, context):\n    return None\n")
+    request = tmp_path / "request.txt"
+    request.write_text("hello")
+    with pytest.warns(Warning, match="must return a list"):
+        code = main(["run", str(tmp_path), str(request), "--handler", "handler.py:handle"])
+    out = capsys.readouterr().out
+    assert code == 1 and "contract problems" in out and out.rstrip().endswith("(all)    None")

@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
     "handlerkit._recorder": 4,
     "handlerkit._failures": 4,
     "handlerkit._reload": 4,
+    "handlerkit._entry": 4,
     # 5. diagnostics
     "handlerkit.diagnostics": 5,
     # 6. the Harness

@@ -1,5 +1,6 @@
-"""The stage spies and the recorder behind Harness.run: pass-through outside a run, every call
-recorded inside one (several calls, other threads), the class looked up at call time."""
+"""The spied class and the recorder behind Harness.run: pass-through outside a run, every call
+recorded inside one (several calls, other threads, keywords), static and class methods bound as
+usual, copies and pickles of the handler's own class, reload, and the stage that raised."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import threading
 import pytest
 
 import handlerkit as hk
-from handlerkit._recorder import Spies
+import copy
+import pickle
+
+from handlerkit import _recorder
 
 
 class Plain:
@@ -28,21 +32,102 @@ class Plain:
         return self.postprocess(self.inference(self.preprocess(data)))
 
 
-def test_spies_pass_through_outside_a_run():
+def test_the_spied_class_passes_calls_through_outside_a_run():
     handler = Plain()
-    spies = Spies.install(handler)
-    assert spies.names == ["preprocess", "inference", "postprocess"]
-    assert handler.handle([{"body": 2}], None) == [4]  # no recorder: the methods run as they are
-    assert handler.preprocess.__name__ == "preprocess"
+    assert _recorder.spy_on(handler)
+    assert type(handler) is not Plain and isinstance(handler, Plain)
+    assert type(handler).__name__ == "Plain" and _recorder.own_class(handler) is Plain
+    assert handler.handle([{"body": 2}], None) == [4]  # no run going on: the methods run as they are
+    assert _recorder.spied_class(Plain) is type(handler)  # one subclass per class
 
 
-def test_a_second_harness_spies_on_the_methods_not_on_the_first_spies():
+def test_two_harnesses_on_one_instance_both_record_and_do_not_overlap():
     handler = Plain()
     first = hk.Harness(handler, hk.MockContext(gpu_id=None))
     second = hk.Harness(handler, hk.MockContext(gpu_id=None))
     run = second.run([{"body": 3}])
     assert run.output == [6] and run.stages["inference"].calls == 1
     assert first.run([{"body": 1}]).stages["inference"].input == [1]
+
+    class Reentrant(Plain):
+        def inference(self, x):
+            other.run([{"body": 1}])  # a second run on the same instance while this one goes on
+            return x
+
+    inner = Reentrant()
+    other = hk.Harness(inner, hk.MockContext(gpu_id=None))
+    outer = hk.Harness(inner, hk.MockContext(gpu_id=None))
+    with pytest.raises(hk.StageError, match="in the middle of another run") as info:
+        outer.run([{"body": 1}])
+    assert info.value.fix.startswith("run one batch at a time")
+    assert outer.run  # and both harnesses still work afterwards
+    assert hk.Harness(Plain(), hk.MockContext(gpu_id=None)).run([{"body": 1}]).output == [2]
+
+
+def test_static_and_class_methods_keep_their_binding():
+    class Odd:
+        def initialize(self, context):
+            pass
+
+        @staticmethod
+        def preprocess(data):
+            return [row["body"] for row in data]
+
+        @classmethod
+        def inference(cls, x):
+            return [cls.__name__ for _ in x]
+
+        @staticmethod
+        def handle(data, context):
+            return ["static handle"] * len(data)
+
+    h = hk.Harness(Odd, hk.MockContext(gpu_id=None))
+    with pytest.warns(hk.HandlerkitWarning, match="never called preprocess"):  # true: it does not
+        assert h.run([{"body": 1}]).output == ["static handle"]
+    assert h.handler.preprocess([{"body": 5}]) == [5] and h.handler.inference([1]) == ["Odd"]
+    assert h.preprocess([{"body": 5}]).output == [5] and h.inference().output == ["Odd"]
+
+
+def test_keyword_calls_are_recorded_and_a_caught_stage_error_is_kept():
+    class Keywords(Plain):
+        def handle(self, data, context):
+            try:
+                self.inference(x=None)  # raises TypeError inside; handle falls back
+            except TypeError:
+                pass
+            return self.postprocess(y=self.inference(x=self.preprocess(data=data)))
+
+    h = hk.Harness(Keywords, hk.MockContext(gpu_id=None))
+    run = h.run([{"body": 2}])
+    assert run.output == [4] and list(run.stages) == ["initialize", "inference", "preprocess", "postprocess"]
+    inference = run.stages["inference"]
+    assert inference.calls == 2 and not inference.ok and isinstance(inference.error.original, TypeError)
+    assert run.stages["preprocess"].input == [{"body": 2}]
+
+
+def test_copies_and_pickles_are_of_the_handlers_own_class():
+    h = hk.Harness(Plain, hk.MockContext(gpu_id=None))
+    for clone in (copy.copy(h.handler), copy.deepcopy(h.handler), pickle.loads(pickle.dumps(h.handler))):
+        assert type(clone) is Plain and clone.handle([{"body": 4}], None) == [8]
+
+
+def test_a_handler_without_an_instance_dict_runs():
+    class Slots:
+        __slots__ = ("initialized",)
+
+        def initialize(self, context):
+            self.initialized = True
+
+        def preprocess(self, data):
+            return [row["body"] for row in data]
+
+        def handle(self, data, context):
+            return self.preprocess(data)
+
+    h = hk.Harness(Slots, hk.MockContext(gpu_id=None))
+    run = h.run([{"body": 1}])
+    assert run.output == [1] and list(run.stages) == ["initialize", "preprocess"]
+    assert h.preprocess([{"body": 2}]).output == [2]
 
 
 def test_stages_called_from_other_threads_and_several_times_are_all_recorded():

@@ -563,3 +563,17 @@ def test_kservev2_envelope_in_the_harness_answers_what_the_worker_answers(tmp_pa
     ctx = hk.MockContext.from_model_dir(archive(tmp_path / "hk", "v2_rows_handler"))
     run = hk.Harness(ctx.manifest["model"]["handler"], ctx, envelope="kservev2").run(batch)
     assert json.loads(json.dumps(run.output, default=list)) == expected
+
+
+def test_an_error_under_an_envelope_is_not_blamed_on_a_request_the_harness_cannot_tell(tmp_path):
+    """Under an envelope preprocess sees the envelope's flat list, not the requests: running each
+    request alone through preprocess proves nothing, so no request is named."""
+    from handlerkit.envelopes import request
+
+    ctx = hk.MockContext.from_model_dir(archive(tmp_path / "hk", "rows_handler"))
+    h = hk.Harness(ctx.manifest["model"]["handler"], ctx, envelope="json")
+    batch = hk.batch(request("json", ROWS[:1]), request("json", [["not", "numbers"]]))
+    with pytest.raises(hk.StageError) as info:
+        h.run(batch)
+    assert info.value.stage == "preprocess" and info.value.request_index is None
+    assert h.run(hk.batch(request("json", ROWS[:2]))).output  # and the harness keeps working

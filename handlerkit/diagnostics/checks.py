@@ -248,18 +248,23 @@ def _parity(harness: HarnessView, parts: list[Any], full: list[Any], report: Che
     return singles
 
 
-def _encodings(row: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The same payload as TorchServe clients send it in other ways."""
-    name, value = next(iter(row.items())) if row else ("body", None)
+def _encodings(row: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The same payload as TorchServe clients send it in other ways: the request's first field
+    renamed or re-encoded, its other fields kept. A raw item (not a request dict) has none."""
+    if not isinstance(row, dict) or not row:
+        return
+    name, value = next(iter(row.items()))
+    rest = {k: v for k, v in row.items() if k != name}
     other = "data" if name == "body" else "body"
-    yield f"field '{other}' instead of '{name}'", {other: value}
+    if other not in rest:
+        yield f"field '{other}' instead of '{name}'", {other: value, **rest}
     if isinstance(value, bytearray):
-        yield "bytes instead of bytearray", {name: bytes(value)}
-        yield "base64 str (JSON clients)", {name: base64.b64encode(bytes(value)).decode("ascii")}
+        yield "bytes instead of bytearray", {name: bytes(value), **rest}
+        yield "base64 str (JSON clients)", {name: base64.b64encode(bytes(value)).decode("ascii"), **rest}
     elif isinstance(value, (dict, list)):
-        yield "raw JSON bytes (no content-type)", {name: bytearray(json.dumps(value).encode("utf-8"))}
+        yield "raw JSON bytes (no content-type)", {name: bytearray(json.dumps(value).encode("utf-8")), **rest}
     elif isinstance(value, str):
-        yield "raw bytes (no content-type)", {name: bytearray(value.encode("utf-8"))}
+        yield "raw bytes (no content-type)", {name: bytearray(value.encode("utf-8")), **rest}
 
 
 def _judge(out: Any, err: StageError | None, baseline: Any, atol: float, rtol: float) -> tuple[str, str | None, str]:

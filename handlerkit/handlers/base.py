@@ -456,9 +456,11 @@ class BaseHandler:
     def get_device(self) -> Any:
         return self.device
 
-    def __repr__(self) -> str:
-        state = "initialized" if self.initialized else "not initialized"
-        return f"<{type(self).__name__} {state} device={self.device} format={self.decisions.model_format or '-'}>"
+    def __repr__(self) -> str:  # safe for a subclass whose __init__ skipped super().__init__()
+        state = "initialized" if getattr(self, "initialized", False) else "not initialized"
+        decisions = getattr(self, "decisions", None)
+        fmt = getattr(decisions, "model_format", "") or "-"
+        return f"<{type(self).__name__} {state} device={getattr(self, 'device', None)} format={fmt}>"
 
 
 def _consume_compile_enable(config: Any) -> None:
