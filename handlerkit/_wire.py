@@ -30,10 +30,34 @@ Triple = tuple[str, bytes, "str | None"]
 
 
 def media_type(content_type: str | None) -> str | None:
-    """Netty's ``HttpUtil.getMimeType``: the part before ``;``, trimmed."""
+    """Netty's ``HttpUtil.getMimeType``: the part before ``;``, *not* trimmed.
+
+    Only the header value's own ends are trimmed (Netty's HTTP decoder does that), so
+    ``"application/json ; charset=utf-8"`` gives ``"application/json "``, which the worker does
+    not take for JSON (it compares with ``==``): such a body stays a ``bytearray``.
+    """
     if content_type is None:
         return None
-    return content_type.split(";", 1)[0].strip()
+    return content_type.strip(" \t").split(";", 1)[0]
+
+
+def is_urlencoded(media: str | None) -> bool:
+    """Whether the frontend splits the body into form fields (compared ignoring case, as Netty does)."""
+    return media is not None and media.lower() == FORM_URLENCODED
+
+
+def is_multipart(content_type: str | None) -> bool:
+    """Netty's ``HttpPostRequestDecoder.isMultipart``: ``multipart/form-data`` with a boundary."""
+    return (
+        content_type is not None
+        and content_type.startswith("multipart/form-data")
+        and "boundary=" in content_type.lower()
+    )
+
+
+def _part_type(content_type: str | None) -> str | None:
+    # A multipart part's Content-Type is split on ";" and trimmed by Netty's multipart decoder.
+    return None if content_type is None else content_type.split(";", 1)[0].strip()
 
 
 def urlencoded_fields(data: bytes) -> list[Triple]:
@@ -73,7 +97,7 @@ def form_field(name: Any, value: Any) -> Triple:
             f"form field {name!r}: a value must be str, bytes, a path or (value, content_type): "
             f"got {type(value).__name__}"
         )
-    return (name, data, media_type(content_type))
+    return (name, data, _part_type(content_type))
 
 
 def content_type_of(value: Any) -> str | None:

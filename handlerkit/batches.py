@@ -9,10 +9,12 @@ socket, :meth:`Batch.to_worker_message` what the worker reads from it.
 own unit tests also call ``handle([[1.0, 2.0]], ctx)`` with plain items. A batch holds both:
 
 - a :class:`~handlerkit.requests.Request`, as it is;
-- a dict: a request delivering that dict (:meth:`Request.from_data`);
-- anything else (a list of floats, a str, bytes, a tensor): delivered as it is
-  (:meth:`Request.from_item`), with a fresh request id and an empty header dict, because no
-  frontend touched it.
+- a dict keyed by parameter names (non-empty ``str``): a request delivering that dict
+  (:meth:`Request.from_data`), whatever its values (``{"body": {"instances": [...]}}`` is what
+  the worker builds for a JSON body);
+- anything else (a list of floats, a str, bytes, a tensor, a dict with other keys such as
+  ``{1: "x"}``): delivered as it is (:meth:`Request.from_item`), with a fresh request id and an
+  empty header dict, because no frontend touched it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ __all__ = ["Batch", "batch"]
 def _as_request(index: int, item: Any) -> Request:
     if isinstance(item, Request):
         return item
-    if isinstance(item, Mapping):
+    if isinstance(item, Mapping) and _request_dict(item):
         return Request.from_data(item)
     if isinstance(item, (list, tuple)) and any(isinstance(x, Request) for x in item):
         raise TypeError(
@@ -50,16 +52,19 @@ def _not_a_batch(obj: Any) -> str:
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return f"{expected}: got {type(obj).__name__}; pass a list: [x], or hk.batch(hk.Request.from_bytes(x))"
     if isinstance(obj, Mapping):
-        what = f"a dict of {len(obj)} dicts" if _dict_of_requests(obj) else "a dict with non-str keys"
-        return (
-            f"{expected}: got {what}; pass the requests as a list: list(x.values()), "
-            "or one request dict as [x], or one JSON body as hk.batch(hk.Request.json(x))"
-        )
+        return f"{expected}: got a dict of {len(obj)} Requests; pass them as a list: list(x.values())"
     return f"{expected}: got a {type(obj).__name__}; pass a list: [x] (each item goes to the handler as it is)"
 
 
+def _request_dict(obj: Mapping[Any, Any]) -> bool:
+    """Whether a dict is a request dict: keyed by parameter names (non-empty str), as the worker builds."""
+    return all(isinstance(k, str) and k for k in obj)
+
+
 def _dict_of_requests(obj: Mapping[Any, Any]) -> bool:
-    return bool(obj) and all(isinstance(v, (Mapping, Request)) for v in obj.values())
+    # Only Requests make a dict a collection of requests: a request dict's values may be
+    # dicts themselves (a parsed JSON body), so dict values prove nothing.
+    return bool(obj) and all(isinstance(v, Request) for v in obj.values())
 
 
 class Batch(Sequence[Request]):
@@ -88,10 +93,13 @@ class Batch(Sequence[Request]):
         - a list (or tuple), one request per item: Requests, data dicts delivered as they are
           (copied, fresh request ids, per-parameter content types guessed from the values), or
           any other item delivered as it is with no headers (see the module docstring);
-        - one request dict (``{"data": ...}``), a batch of one.
+        - one dict, a batch of one: a request dict (``{"data": ...}``, ``{"body": {...}}``)
+          delivered as it is, or, with keys that are no parameter names (``{1: "x"}``), a raw
+          item. Only a dict whose values are all Requests is taken for several requests, and
+          refused.
 
         Raises:
-            TypeError: ``obj`` is none of these (a tensor, a str, None, a dict of dicts): the
+            TypeError: ``obj`` is none of these (a tensor, a str, None, a dict of Requests): the
                 message says what came and how to pass it.
         """
         if isinstance(obj, Batch):
@@ -100,7 +108,7 @@ class Batch(Sequence[Request]):
             return cls([obj], decode=decode)
         if isinstance(obj, (list, tuple)):
             return cls(obj, decode=decode)
-        if isinstance(obj, Mapping) and all(isinstance(k, str) for k in obj) and not _dict_of_requests(obj):
+        if isinstance(obj, Mapping) and not _dict_of_requests(obj):
             return cls([obj], decode=decode)
         raise TypeError(_not_a_batch(obj))
 
@@ -224,8 +232,9 @@ def batch(*requests: Any, decode: bool | None = None) -> Batch:
     """A batch of requests: ``batch(req1, req2).data`` is what ``handle`` receives.
 
     Args:
-        *requests: one argument per request: handlerkit Requests, data dicts (delivered as
-            they are), or any other item (``batch([1.0, 2.0])`` is ``handle([[1.0, 2.0]], ctx)``).
+        *requests: one argument per request: handlerkit Requests, data dicts keyed by
+            parameter names (delivered as they are), or any other item, a dict with other keys
+            included (``batch([1.0, 2.0])`` is ``handle([[1.0, 2.0]], ctx)``).
         decode: decode values like the worker (JSON → objects, text → str); None reads
             ``TS_DECODE_INPUT_REQUEST`` as the worker does (decoding unless it is set to
             anything but ``"true"``).

@@ -54,12 +54,13 @@ __all__ = [
 # TorchServe hard-codes this name in ts.context.Context.
 _SERVER_NAME = "MMS"
 
+_BIND_FIX = (
+    "read request headers in preprocess/handle, not in initialize; calling handle yourself, bind "
+    "its data first as the worker does: hk.Batch.coerce(data).bind(ctx) (the Harness does it)"
+)
 
-# --------------------------------------------------------------------------------------------
-# Per-request headers and response status
-# --------------------------------------------------------------------------------------------
 
-
+# -- per-request headers and response status -------------------------------------------------
 class RequestProcessor:
     """One request's headers in, its response status and headers out (``ts.context.RequestProcessor``).
 
@@ -180,11 +181,7 @@ def _copy_headers(headers: Mapping) -> dict:
     return {k: dict(v) if isinstance(v, Mapping) else v for k, v in headers.items()}
 
 
-# --------------------------------------------------------------------------------------------
-# The context
-# --------------------------------------------------------------------------------------------
-
-
+# -- the context ------------------------------------------------------------------------------
 class _IntermediateResponses:
     """Stands in for the worker socket: keeps what ``send_intermediate_predict_response`` sends."""
 
@@ -216,8 +213,8 @@ class MockContext:
 
         ctx = MockContext(model_pt_file="model.pt", model_dir="models/mnist", gpu_id=None)
 
-    Give it a batch of requests (``handlerkit.requests.Batch.bind`` does this, as TorchServe's
-    worker does before every call), run the handler, then read what it set::
+    Give it a batch of requests (``Batch.bind``, as TorchServe's worker does before every
+    call), run the handler, then read what it set::
 
         batch = hk.batch(hk.Request.json({"x": 1}))
         batch.bind(ctx)
@@ -225,12 +222,13 @@ class MockContext:
         ctx.responses()        # [ResponseInfo(code=200, phrase=None, headers={...})]
         ctx.metrics.find("HandlerTime")
 
-    ``gpu_id`` is stored as given, ``None`` included. TorchServe's test MockContext drops it
-    when CUDA is absent; here the handler decides, as in the server: ``BaseHandler`` uses CUDA
-    only when CUDA is available *and* ``gpu_id`` is not None.
+    ``gpu_id`` is stored as given, ``None`` included (TorchServe's test MockContext drops it
+    without CUDA); ``BaseHandler`` uses CUDA only when CUDA is available *and* it is not None.
 
-    Before any batch is bound the context holds one placeholder request (a fresh id, no
-    headers), so a handler that reads headers in ``initialize`` works.
+    Until a batch is bound, ``request_ids`` and ``request_processor`` are None, as under
+    TorchServe, whose worker binds each batch after ``initialize``: a header read in
+    ``initialize`` fails there and here alike. ``metrics.request_ids`` holds one fresh id, as
+    the model loader sets for the metrics emitted while the model loads.
 
     Args:
         model_pt_file: ``manifest["model"]["serializedFile"]`` (left out when falsy).
@@ -315,9 +313,12 @@ class MockContext:
         self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
         self.cl_socket = _IntermediateResponses()
         self.inferred: dict[str, str] = {}
+        # None until a batch is bound (Batch.bind / bind_requests), as in ts.context.Context.
         self.request_ids: dict[int, str] | None = None
         self.request_processor: list[RequestProcessor] | None = None
-        bind_requests(self, {0: str(uuid.uuid4())}, [{}])
+        if getattr(self.metrics, "request_ids", "") is None:
+            # ts.model_loader: metrics_cache.set_request_ids(str(uuid.uuid4())) before initialize.
+            self.metrics.request_ids = str(uuid.uuid4())
 
     # -- ts.context.Context ----------------------------------------------------------------
 
@@ -336,16 +337,29 @@ class MockContext:
             return None
         return self.request_ids.get(idx)
 
+    def _processor(self, idx: int) -> RequestProcessor:
+        """Request ``idx``'s processor; TypeError before any batch, as TorchServe's indexing of None."""
+        if self.request_processor is None:
+            raise TypeError(
+                f"'NoneType' object is not subscriptable: context.request_processor is None until a "
+                f"batch is bound, as in TorchServe, whose worker binds each batch just before handle "
+                f"(so a header read in initialize fails in the server too); {_BIND_FIX}"
+            )
+        return self.request_processor[idx]
+
     def get_request_header(self, idx: int, key: str) -> Any:
         """Header ``key`` of request ``idx`` (exact, case-sensitive name), or None.
 
         A parameter name as ``key`` gives ``{"content-type": ...}`` for that parameter.
+
+        Raises:
+            TypeError: no batch is bound yet (TorchServe raises it too: ``request_processor`` is None).
         """
-        return self.request_processor[idx].get_request_property(key)
+        return self._processor(idx).get_request_property(key)
 
     def get_all_request_header(self, idx: int) -> dict:
-        """All headers of request ``idx``."""
-        return self.request_processor[idx].get_request_properties()
+        """All headers of request ``idx`` (TypeError before any batch, as in TorchServe)."""
+        return self._processor(idx).get_request_properties()
 
     def set_response_content_type(self, idx: int, value: str) -> None:
         """Set the ``content-type`` response header of request ``idx``."""
@@ -357,30 +371,35 @@ class MockContext:
 
     def get_response_status(self, idx: int) -> tuple[int, str | None]:
         """``(code, phrase)`` of request ``idx``."""
-        rp = self.request_processor[idx]
+        rp = self._processor(idx)
         return rp.get_response_status_code(), rp.get_response_status_phrase()
 
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
-        """Set the HTTP status of request ``idx``."""
+        """Set the HTTP status of request ``idx``; before any batch it does nothing, as in TorchServe."""
         if self.request_processor is not None and self.request_processor[idx] is not None:
             self.request_processor[idx].report_status(code, reason_phrase=phrase)
 
     def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
-        """Set the HTTP status of every request in the batch."""
+        """Set the HTTP status of every request in the batch (TypeError before any batch, as in TorchServe)."""
+        if self.request_processor is None:
+            raise TypeError(
+                f"'NoneType' object is not iterable: context.request_processor is None until a batch "
+                f"is bound, as in TorchServe (so this fails in initialize in the server too); {_BIND_FIX}"
+            )
         for rp in self.request_processor:
             rp.report_status(code, reason_phrase=phrase)
 
     def get_response_headers(self, idx: int) -> dict[str, str]:
         """The response headers of request ``idx``."""
-        return self.request_processor[idx].get_response_headers()
+        return self._processor(idx).get_response_headers()
 
     def set_response_header(self, idx: int, key: str, value: str) -> None:
         """Set a response header of request ``idx``."""
-        self.request_processor[idx].add_response_property(key, value)
+        self._processor(idx).add_response_property(key, value)
 
     def get_sequence_id(self, idx: int) -> str | None:
         """The sequence id header of request ``idx`` (name from ``TS_REQUEST_SEQUENCE_ID``)."""
-        return self.request_processor[idx].get_request_property(self.header_key_sequence_id)
+        return self._processor(idx).get_request_property(self.header_key_sequence_id)
 
     # -- handlerkit ------------------------------------------------------------------------
 
@@ -435,8 +454,10 @@ class MockContext:
 
         Raises:
             ModelLoadError: a missing dir, a malformed MANIFEST.json, several candidate weights
-                files, or a config or metrics config file that does not exist.
-            ConfigError: a config file that does not validate, or a ``batchSize`` below 1.
+                files, or a config or metrics config file that does not exist (absolute or
+                relative path alike).
+            ConfigError: a config or metrics config file that does not validate, or a
+                ``batchSize`` that is not an integer (one below 1 is raised to 1, as TorchServe does).
         """
         found = read_model_dir(path, model_name=model_name, config=config)
         if metrics_config is not None:

@@ -48,7 +48,18 @@ class LoadedModel:
 
 
 def detect_format(model_pt_path: str | None, model_file: str | None, aot_compile: bool = False) -> str:
-    """The format TorchServe's rules give a manifest's ``serializedFile`` / ``modelFile``."""
+    """The format TorchServe's rules give a manifest's ``serializedFile`` / ``modelFile``.
+
+    A ``modelFile`` makes the model eager. Without one, the serialized file's name decides, as
+    ``str.endswith`` does in ``BaseHandler.initialize`` (case-sensitive): ``.pt`` is TorchScript,
+    ``.onnx`` ONNX, ``.so`` AOTInductor (with ``pt2.export.aot_compile``); ``.pt2`` is
+    handlerkit's own addition (an AOTInductor package or a ``torch.export`` program).
+
+    Raises:
+        ModelLoadError: no file at all; a ``.so`` without ``aot_compile``; a ``.pt2`` that is
+            neither kind; any other name (``.pth``, ``.bin``, ``.PT``), for which TorchServe raises
+            ``RuntimeError("No model weights could be loaded")``.
+    """
     if model_file:
         return "eager"
     if not model_pt_path:
@@ -57,7 +68,8 @@ def detect_format(model_pt_path: str | None, model_file: str | None, aot_compile
             fix="add 'serializedFile' (and 'modelFile' for an eager model) to MAR-INF/MANIFEST.json, "
             "or override initialize() in your handler",
         )
-    ext = os.path.splitext(model_pt_path)[1].lower()
+    # TorchServe tests the name with str.endswith, so the suffixes are case-sensitive.
+    ext = os.path.splitext(model_pt_path)[1]
     if ext == ".onnx":
         return "onnx"
     if ext == ".so":
@@ -71,8 +83,16 @@ def detect_format(model_pt_path: str | None, model_file: str | None, aot_compile
         return "aoti-so"
     if ext == ".pt2":
         return _pt2_kind(model_pt_path)
-    # .pt, .pth, .ts ... without a modelFile: TorchServe treats them as TorchScript.
-    return "torchscript"
+    if ext == ".pt":
+        return "torchscript"
+    # .pth, .bin, .PT ... without a modelFile: no branch of BaseHandler.initialize takes them.
+    raise ModelLoadError(
+        f"serializedFile {os.path.basename(model_pt_path)!r} without a modelFile is no model TorchServe "
+        "can load: it reads such a file as TorchScript only when its name ends in '.pt' (case-sensitive), "
+        "and otherwise fails with RuntimeError 'No model weights could be loaded'",
+        path=model_pt_path,
+        fix="add modelFile (and the model.py defining the class) to the manifest",
+    )
 
 
 def _pt2_kind(path: str) -> str:
@@ -162,11 +182,14 @@ def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, devi
             path=model_def_path,
             fix=f"correct {model_file} (it is imported with the model dir first on sys.path, as TorchServe does)",
         ) from exc
-    classes = [c for c in list_classes(module) if issubclass(c, torch.nn.Module)] or list_classes(module)
+    # TorchServe's _load_pickled_model counts every class defined in the file (nn.Module or not).
+    classes = list_classes(module)
     if len(classes) != 1:
         names = ", ".join(c.__name__ for c in classes) or "none"
         raise ModelLoadError(
-            f"modelFile {model_def_path} must define exactly one model class; found {names}",
+            f"modelFile {model_def_path} must define exactly one model class; found {names}: TorchServe "
+            "counts every class defined in it, helpers included, and raises ValueError 'Expected only "
+            "one class as model definition'",
             path=model_def_path,
             fix="keep one nn.Module class in it and import the others from another file",
         )

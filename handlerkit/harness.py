@@ -68,6 +68,10 @@ class Harness:
             records exist; it adds no handler, so nothing more is printed.
         envelope: a TorchServe service envelope (``"json"``, ``"kserve"``, ``"kservev2"``)
             wrapped around ``handle`` as the worker does for a model served with one.
+
+    To see which stages ``handle`` calls, the harness gives the handler a subclass of its class
+    (same name, module and layout) whose stage methods pass every call on and, during a run,
+    record it; copies and pickles of the handler are of its own class.
     """
 
     def __init__(

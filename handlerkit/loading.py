@@ -10,9 +10,11 @@ with no arguments and must have ``handle``.
 Where handlerkit differs, it is to show what TorchServe hides:
 
 - when the handler module exists but fails to import, TorchServe swallows the ImportError and
-  retries the name as ``ts.torch_handler.<name>``, so the user sees "No module named
-  'ts.torch_handler.<name>'". handlerkit raises :class:`~handlerkit.errors.HandlerLoadError`
-  naming the file and quoting the real error;
+  retries the spec as ``ts.torch_handler.<spec>``: the user sees "No module named
+  'ts.torch_handler.<name>'", or, when the spec is the bare name of a TorchServe built-in
+  (``image_classifier``), no error at all and the built-in served instead. handlerkit raises
+  :class:`~handlerkit.errors.HandlerLoadError` naming the file, quoting the real error and
+  saying which of the two TorchServe would have done;
 - a bare name that is no module at all falls back to handlerkit's built-ins
   (``handlerkit.handlers.<name>``) and then, when torchserve is installed, to TorchServe's
   (``ts.torch_handler.<name>``), so a manifest naming ``text_handler`` gets what the server
@@ -290,14 +292,18 @@ def _import_failed(spec: str, name: str, scope: str | None, exc: BaseException, 
     where = f" ({file})" if file else ""
     message = f"handler {spec!r}: importing module {name!r}{where} failed: {type(exc).__name__}: {exc}"
     if isinstance(exc, ImportError) and not builtin:
-        first = spec.split(".")[0]
-        hidden = f"ts.torch_handler.{first}"
-        message += (
-            f"\nTorchServe 0.12 would have hidden this error behind \"No module named {hidden!r}\" "
-            f"(when a handler fails to import it retries the name as one of its built-in handlers)"
-        )
-        if first in _torchserve_builtin_names():
-            message += f", and would have silently served its own {hidden} instead"
+        hidden = _torchserve_retry_error(spec)
+        if hidden is None:
+            message += (
+                f"\nTorchServe 0.12 would have silently served its own ts.torch_handler.{spec} instead "
+                f"(when a handler fails to import it retries the name as one of its built-in handlers), "
+                f"so this error would never have shown"
+            )
+        else:
+            message += (
+                f"\nTorchServe 0.12 would have hidden this error behind \"{hidden}\" (when a handler "
+                f"fails to import it retries the name as one of its built-in handlers)"
+            )
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         fix = (
             f"if {exc.name!r} is a package, pip install it (and list it in the archive's requirements "
@@ -306,6 +312,24 @@ def _import_failed(spec: str, name: str, scope: str | None, exc: BaseException, 
     else:
         fix = f"correct {file or name}: importing it raises the {type(exc).__name__} above"
     return HandlerLoadError(message, fix=fix)
+
+
+def _torchserve_retry_error(spec: str) -> str | None:
+    """The error TorchServe's retry ``import_module("." + spec, "ts.torch_handler")`` raises.
+
+    None when the retry succeeds: ``spec`` is the bare name of one of its built-ins, which it
+    then serves in place of the user's file.
+    """
+    builtins = _torchserve_builtin_names() or _TORCHSERVE_BUILTINS
+    first, dot, rest = spec.partition(".")
+    if first not in builtins:
+        return f"No module named 'ts.torch_handler.{first}'"
+    if not dot:
+        return None
+    parent = f"ts.torch_handler.{first}"
+    # Python names the missing submodule; a plain module as parent adds "is not a package".
+    nested = f"No module named '{parent}.{rest.split('.')[0]}'"
+    return nested if first in _TORCHSERVE_PACKAGES else f"{nested}; '{parent}' is not a package"
 
 
 def _module_origin(name: str, scope: str | None) -> str | None:
@@ -444,6 +468,16 @@ def _builtin_names(package: str) -> list[str]:
     if found is None or not found.submodule_search_locations:
         return []
     return [m.name for m in pkgutil.iter_modules(list(found.submodule_search_locations)) if not m.name.startswith("_")]
+
+
+# ts/torch_handler in TorchServe 0.12, for messages when torchserve is not installed here (a
+# server always has its built-ins); the packages among them.
+_TORCHSERVE_BUILTINS = (
+    "base_handler", "contractions", "dali_handler", "dali_image_classifier", "densenet_handler",
+    "distributed", "image_classifier", "image_segmenter", "object_detector", "request_envelope",
+    "text_classifier", "text_handler", "trt_llm_handler", "vision_handler", "vllm_handler",
+)
+_TORCHSERVE_PACKAGES = ("distributed", "request_envelope")
 
 
 @functools.lru_cache(maxsize=1)

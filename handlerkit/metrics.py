@@ -16,6 +16,7 @@ Nothing here imports ``ts`` or ``torch``.
 from __future__ import annotations
 
 import numbers
+import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -127,10 +128,17 @@ class MetricRecord:
         return _UNIT_NAMES.get(self.unit, self.unit)
 
     def __str__(self) -> str:
-        # The line TorchServe's worker logs, without the hostname and time.
+        """The line TorchServe's worker logs for it (``CachingMetric.emit_metrics``).
+
+        ``[METRICS]name.unit:value|#dims|#type:KIND|#hostname:host,time`` and, when there is a
+        request id, ``,request_id``; the time is :attr:`timestamp` in whole seconds.
+        """
         dims = ",".join(f"{k}:{v}" for k, v in self.dimensions.items())
-        line = f"[METRICS]{self.name}.{self.unit_name}:{self.value}|#{dims}|#type:{self.metric_type.upper()}"
-        return f"{line}|{self.request_id}" if self.request_id else line
+        line = (
+            f"[METRICS]{self.name}.{self.unit_name}:{self.value}|#{dims}|#type:{self.metric_type.upper()}"
+            f"|#hostname:{socket.gethostname()},{int(self.timestamp)}"
+        )
+        return f"{line},{self.request_id}" if self.request_id else line
 
 
 class RecordedMetric:

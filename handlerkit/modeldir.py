@@ -41,6 +41,10 @@ __all__ = [
 #: File endings taken for the weights (``serializedFile``) when a manifest is inferred.
 WEIGHTS_SUFFIXES: tuple[str, ...] = (".pt", ".pth", ".bin", ".onnx", ".pt2", ".so", ".safetensors")
 
+#: Weights TorchServe's BaseHandler (and handlerkit's) loads without a ``modelFile``; the
+#: others (a ``.pth`` state_dict, ``.bin``, ``.safetensors``) need one or a custom ``initialize``.
+_LOADABLE_ALONE: tuple[str, ...] = (".pt", ".onnx", ".pt2", ".so")
+
 _MANIFEST = "MAR-INF/MANIFEST.json"
 
 
@@ -64,10 +68,10 @@ class ModelDir:
 
     @property
     def batch_size(self) -> int:
-        """The config's ``batchSize``, else 1.
+        """The config's ``batchSize`` raised to at least 1 (as TorchServe's frontend does), else 1.
 
         Raises:
-            ConfigError: a ``batchSize`` below 1 (TorchServe would raise it to 1).
+            ConfigError: a ``batchSize`` that is not an integer.
         """
         return _config_batch_size(self.config, self.config_path)
 
@@ -148,7 +152,9 @@ def infer_manifest(
 
     ``serializedFile`` is the single weights file (:data:`WEIGHTS_SUFFIXES`), ``modelFile`` is
     ``model.py``, ``handler`` is ``handler.py``, ``configFile`` is ``model-config.yaml`` (each
-    only when present), ``modelName`` is ``model_name`` or the dir's name.
+    only when present), ``modelName`` is ``model_name`` or the dir's name. A weights file that
+    only loads with a ``modelFile`` (``.pth``, ``.bin``, ``.safetensors``) in a dir without
+    ``model.py`` is still taken, and its ``inferred`` entry says what it lacks.
 
     Raises:
         ModelLoadError: several weights files (handlerkit cannot tell which is the model).
@@ -170,10 +176,16 @@ def infer_manifest(
         model["modelName"], inferred["modelName"] = model_name, "the model_name argument"
     else:
         model["modelName"], inferred["modelName"] = model_dir.name, "the model dir's name"
+    optional = (("modelFile", "model.py"), ("handler", "handler.py"), ("configFile", "model-config.yaml"))
     if weights:
         model["serializedFile"] = weights[0]
         inferred["serializedFile"] = "the only weights file in the dir"
-    optional = (("modelFile", "model.py"), ("handler", "handler.py"), ("configFile", "model-config.yaml"))
+        if "model.py" not in files and not weights[0].endswith(_LOADABLE_ALONE):
+            inferred["serializedFile"] += (
+                "; without a modelFile TorchServe's BaseHandler cannot load it (it reads a lone file "
+                "as TorchScript only when its name ends in .pt, else 'No model weights could be "
+                "loaded'): add model.py defining the model class, or load it in your own initialize"
+            )
     for key, filename in optional:
         if filename in files:
             model[key], inferred[key] = filename, f"{filename} is in the dir"
@@ -186,11 +198,17 @@ def resolve_path(model_dir: Path, given: str | os.PathLike[str], what: str) -> P
     """A file named by an argument: absolute as is, else in the model dir, then the working dir.
 
     Raises:
-        ModelLoadError: a relative path found in neither place.
+        ModelLoadError: an absolute path that is no file, or a relative path found in neither place.
     """
     path = Path(given).expanduser()
     if path.is_absolute():
-        return path
+        if path.is_file():
+            return path
+        raise ModelLoadError(
+            f"{what} {os.fspath(given)!r} does not exist",
+            path=os.fspath(given),
+            fix="check the path",
+        )
     for candidate in (model_dir / path, Path.cwd() / path):
         if candidate.is_file():
             return candidate
@@ -268,9 +286,10 @@ def _config_path(
 
 def _config_batch_size(config: Mapping[str, Any], path: Path | None) -> int:
     value = config.get("batchSize", 1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(
-            f"batchSize in {path} must be a positive integer: got {value!r}",
-            fix="write batchSize: 1 or more (TorchServe raises a smaller value to 1)",
+            f"batchSize in {path} must be an integer: got {value!r}",
+            fix="write batchSize: 1 or more",
         )
-    return value
+    # TorchServe's ModelConfig.setBatchSize: Math.max(1, batchSize) (load_config has warned).
+    return max(1, value)

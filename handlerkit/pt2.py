@@ -18,6 +18,8 @@ outside its list) it records a warning. :func:`handlerkit.config.parse_config` r
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,7 +27,7 @@ from typing import Any, Literal
 from handlerkit._text import suggestion
 from handlerkit._validate import Findings, describe
 
-__all__ = ["Pt2Config", "Pt2Schema", "TORCHSERVE_PT2_BACKENDS"]
+__all__ = ["Pt2Config", "Pt2Schema", "TORCHSERVE_PT2_BACKENDS", "compile_modes"]
 
 #: Backend names TorchServe 0.12 accepts (``ts.utils.util.PT2Backend``); with any other name it
 #: logs "<name> is not a supported backend" and serves the model uncompiled.
@@ -59,7 +61,9 @@ _COMPILE_KWARGS: dict[str, str] = {
     "isolate_recompiles": "bool",
     "dynamic_shapes": "any",
 }
-_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: torch.compile's modes for the inductor backend when torch cannot be asked (torch 2.14's
+#: ``torch._inductor.list_mode_options()``); :func:`compile_modes` asks the installed torch.
+_COMPILE_MODES = ("default", "lite", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 _EXPORT_KEYS: dict[str, str] = {"aot_compile": "bool"}
 _AOT_REASON = "pt2.export.aot_compile is true: a .so serialized file is loaded with AOTInductor"
 _EXAMPLE = "pt2: {compile: {enable: true, backend: inductor}}"
@@ -76,9 +80,10 @@ class Pt2Config:
             (``pt2: {export: {...}}`` without ``compile``), ``"legacy-str"`` (``pt2: inductor``)
             or ``"legacy-dict"`` (``pt2: {backend: ..., mode: ...}``).
         compile: whether ``torch.compile`` is to be applied: requested by the config, and with
-            arguments torch.compile accepts (an unknown keyword, an unknown ``mode`` or ``mode``
-            with ``options`` make torch.compile raise, and TorchServe then serves the model
-            uncompiled). TorchServe also skips it when the backend is outside its list: see
+            arguments torch.compile accepts (an unknown keyword, ``mode`` with ``options``, or,
+            for the inductor backend, a ``mode`` outside :func:`compile_modes` make
+            torch.compile raise, and TorchServe then serves the model uncompiled). TorchServe
+            also skips it when the backend is outside its list, or missing from torch: see
             :attr:`backend_known_to_torchserve` and :attr:`torchserve_compiles`.
         compile_options: keyword arguments for ``torch.compile`` (a copy, ``enable`` removed).
         backend: the backend name, or None for torch's default.
@@ -102,8 +107,22 @@ class Pt2Config:
 
     @property
     def torchserve_compiles(self) -> bool:
-        """Whether TorchServe 0.12 itself would apply ``torch.compile``."""
-        return self.compile and self.backend_known_to_torchserve
+        """Whether TorchServe 0.12 would serve a compiled model, with the torch installed here.
+
+        True when :attr:`compile` holds, the backend is in TorchServe's list
+        (:attr:`backend_known_to_torchserve`) and the installed torch has it
+        (``torch._dynamo.list_backends(exclude_tags=())``, asked lazily, only for a named
+        backend). TorchServe's list holds backends today's torch lacks (``nvfuser``, ``ofi``,
+        ``fx2trt``...): TorchServe calls ``torch.compile``, which raises ``InvalidBackend``, logs
+        it and serves the model uncompiled, so this is False. False too when torch cannot be
+        imported (TorchServe does not compile without it).
+        """
+        if not (self.compile and self.backend_known_to_torchserve):
+            return False
+        backends = _torch_backends()
+        if backends is None:
+            return False
+        return self.backend is None or self.backend in backends
 
     def __repr__(self) -> str:
         parts = [f"schema={self.schema!r}", f"compile={self.compile}"]
@@ -116,6 +135,44 @@ class Pt2Config:
         if self.deprecated:
             parts.append("deprecated=True")
         return f"Pt2Config({', '.join(parts)})"
+
+
+def _torch_importable() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def compile_modes() -> tuple[str, ...]:
+    """torch.compile's modes for the inductor backend: ``torch._inductor.list_mode_options()``.
+
+    Asks the installed torch (imported here, not when this module is); falls back to the modes
+    of torch 2.14 (``default``, ``lite``, ``reduce-overhead``, ``max-autotune-no-cudagraphs``,
+    ``max-autotune``) when torch cannot be imported or has no such function.
+    """
+    if not _torch_importable():
+        return _COMPILE_MODES
+    try:
+        import torch._inductor
+
+        return tuple(torch._inductor.list_mode_options())
+    except Exception:  # an old or broken torch: the static list is the best guess
+        return _COMPILE_MODES
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_backends() -> frozenset[str] | None:
+    """The installed torch's compile backends (debug and experimental ones included), or None."""
+    if not _torch_importable():
+        return None
+    try:
+        import torch._dynamo
+
+        return frozenset(torch._dynamo.list_backends(exclude_tags=()))
+    except Exception:
+        return None
 
 
 def _flow(value: Any) -> str:
@@ -280,7 +337,7 @@ def _compile_config(
     backend = options.get("backend")
     backend = backend if isinstance(backend, str) else None
     known = backend is None or backend in TORCHSERVE_PT2_BACKENDS
-    blocked = _blocked(options, unknown, path, found)
+    blocked = _blocked(options, unknown, backend, path, found)
     if not known:
         found.note(
             f"{path}.backend: {backend!r} is not in TorchServe 0.12's backend list "
@@ -319,15 +376,21 @@ def _compile_config(
     )
 
 
-def _blocked(options: Mapping[str, Any], unknown: list[str], path: str, found: Findings) -> str:
+def _blocked(
+    options: Mapping[str, Any], unknown: list[str], backend: str | None, path: str, found: Findings
+) -> str:
     """Why torch.compile would refuse these options ("" when it would not), noting it."""
     mode = options.get("mode")
     if unknown:
         return f"torch.compile has no argument {', '.join(map(repr, unknown))}"
-    if isinstance(mode, str) and mode not in _COMPILE_MODES:
-        hint = suggestion(mode, _COMPILE_MODES, cutoff=0.6, prefix=True)
+    # torch.compile checks the mode only for inductor (its default backend); another backend
+    # gets it as a keyword argument, unchecked.
+    inductor = backend is None or backend == "inductor"
+    modes = compile_modes() if inductor and isinstance(mode, str) else ()
+    if inductor and isinstance(mode, str) and mode not in modes:
+        hint = suggestion(mode, modes, cutoff=0.6, prefix=True)
         found.note(
-            f"{path}.mode: {mode!r} is not one of {', '.join(_COMPILE_MODES)}{hint}; torch.compile "
+            f"{path}.mode: {mode!r} is not one of {', '.join(modes)}{hint}; torch.compile (inductor) "
             f"raises and TorchServe 0.12 serves the model uncompiled"
         )
         return f"torch.compile does not know mode {mode!r}"

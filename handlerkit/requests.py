@@ -5,10 +5,12 @@ A :class:`Request` is one HTTP request as the frontend forwards it to the worker
 :func:`payload` reads a request's payload the one way handlerkit's handlers do. Batches are
 :mod:`handlerkit.batches`. TorchServe 0.12's rules:
 
-- A raw body is one parameter ``"body"`` typed by the ``Content-Type`` header's media type
-  (``application/json; charset=utf-8`` → ``application/json``); an ``application/x-www-form-urlencoded``
-  body is split into fields. Multipart fields arrive under their own names: plain fields untyped,
-  file uploads with the part's type (``application/octet-stream`` if none).
+- A raw body is one parameter ``"body"`` typed by the ``Content-Type`` header's media type, the
+  part before ``;`` and not trimmed (``application/json; charset=utf-8`` → ``application/json``,
+  but ``application/json ; charset=utf-8`` → ``"application/json "``, which the worker does not
+  parse); an ``application/x-www-form-urlencoded`` body (any case) is split into fields.
+  Multipart fields arrive under their own names: plain fields untyped, file uploads with the
+  part's type (``application/octet-stream`` if none).
 - The worker decodes ``application/json`` with ``json.loads`` and ``text*`` as UTF-8 ``str``;
   anything else, or anything that fails to decode, stays a ``bytearray``. All stays a
   ``bytearray`` when ``TS_DECODE_INPUT_REQUEST`` is set to anything but ``true``.
@@ -136,9 +138,40 @@ def _check_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
     return out
 
 
+def _header_content_type(hdrs: Mapping[str, str]) -> str | None:
+    """The ``Content-Type`` header's value, its name matched case-insensitively as HTTP does."""
+    values = {v for k, v in hdrs.items() if k.lower() == "content-type"}
+    if len(values) > 1:
+        raise ValueError(
+            f"the headers hold several Content-Type values {sorted(values)}; an HTTP request has one: keep one"
+        )
+    return next(iter(values), None)
+
+
+def _body_headers(headers: Mapping[str, str] | None, content_type: str | None) -> tuple[dict[str, str], str | None]:
+    """The headers and the body's content type: the argument, else the ``Content-Type`` header.
+
+    The frontend types a raw body by its ``Content-Type`` header, so the two must agree: a
+    ``content_type`` becomes that header when there is none, and one that names another media
+    type than the header is a ValueError.
+    """
+    hdrs = _check_headers(headers)
+    header = _header_content_type(hdrs)
+    if content_type is None:
+        return hdrs, header
+    if header is None:
+        return {"Content-Type": content_type, **hdrs}, content_type
+    if _wire.media_type(header) != _wire.media_type(content_type):
+        raise ValueError(
+            f"content_type {content_type!r} and the Content-Type header {header!r} disagree; the "
+            "frontend types the body by the header: pass one of them, or the same media type in both"
+        )
+    return hdrs, header
+
+
 def _with_content_type(headers: Mapping[str, str] | None, content_type: str) -> dict[str, str]:
     hdrs = _check_headers(headers)
-    if any(k.lower() == "content-type" for k in hdrs):
+    if _header_content_type(hdrs) is not None:
         return hdrs
     return {"Content-Type": content_type, **hdrs}
 
@@ -196,6 +229,9 @@ class Request:
             raise TypeError(f"url_path is a str (the URL path after the version): got {self.url_path!r}")
         if self.item and self.url_path:
             raise ValueError("a raw item never came through the frontend: it has no url_path")
+        # The frontend splits the URL path on "/" with Java's String.split, which drops the
+        # trailing empty segments: "v1/chat/" arrives as "v1/chat".
+        object.__setattr__(self, "url_path", self.url_path.rstrip("/"))
         object.__setattr__(self, "parameters", tuple(params))
         object.__setattr__(self, "headers", MappingProxyType(_check_headers(self.headers)))
         if self.item:
@@ -214,19 +250,25 @@ class Request:
     ) -> Request:
         """A request carrying ``data``.
 
-        With ``name="body"`` (the default) it is a raw POST body: its content type is the
-        media type of ``content_type``, which also becomes the ``Content-Type`` header, and an
-        ``application/x-www-form-urlencoded`` body is split into fields as the frontend does.
-        Any other ``name`` makes it a one-field multipart upload (see :meth:`form`).
-        ``url_path`` is what followed ``/predictions/<model>/<version>/`` in the URL.
+        With ``name="body"`` (the default) it is a raw POST body, typed as the frontend types
+        it: by the media type of the ``Content-Type`` header (the part before ``;``, untrimmed,
+        as Netty's ``HttpUtil.getMimeType``). ``content_type`` becomes that header when
+        ``headers`` has none; without ``content_type`` the header (any case of its name) is
+        used. An ``application/x-www-form-urlencoded`` body (any case) is split into fields as
+        the frontend does. Any other ``name`` makes it a one-field multipart upload (see
+        :meth:`form`). ``url_path`` is what followed ``/predictions/<model>/<version>/`` in the
+        URL (a trailing ``/`` is dropped, as the frontend does).
+
+        Raises:
+            ValueError: ``content_type`` and a ``Content-Type`` header name different media types.
         """
         data = _as_bytes(data, "data")
         if name != "body":
             field = (data, content_type or _wire.OCTET_STREAM)
             return cls.form({name: field}, headers=headers, request_id=request_id, url_path=url_path)
-        hdrs = _check_headers(headers) if content_type is None else _with_content_type(headers, content_type)
+        hdrs, content_type = _body_headers(headers, content_type)
         media = _wire.media_type(content_type)
-        if media == _wire.FORM_URLENCODED:
+        if _wire.is_urlencoded(media):
             params = tuple(Parameter(*f) for f in _wire.urlencoded_fields(data))
         else:
             params = (Parameter("body", data, media),)
@@ -264,12 +306,18 @@ class Request:
 
     @classmethod
     def text(
-        cls, s: str, content_type: str = "text/plain", name: str = "body",
+        cls, s: str, content_type: str | None = None, name: str = "body",
         headers: Mapping[str, str] | None = None, request_id: str | None = None, *, url_path: str = "",
     ) -> Request:
-        """A request carrying ``s`` as UTF-8 text (the handler gets a ``str``)."""
+        """A request carrying ``s`` as UTF-8 text (the handler gets a ``str`` for a ``text/*`` type).
+
+        The content type is ``content_type``, else a ``Content-Type`` header in ``headers``,
+        else ``text/plain``.
+        """
         if not isinstance(s, str):
             raise TypeError(f"Request.text needs a str: got {type(s).__name__}")
+        if content_type is None and (name != "body" or _header_content_type(_check_headers(headers)) is None):
+            content_type = "text/plain"
         return cls.from_bytes(s.encode("utf-8"), content_type, name, headers, request_id, url_path=url_path)
 
     @classmethod
@@ -292,7 +340,15 @@ class Request:
         if not isinstance(fields, Mapping) or not fields:
             raise ValueError("Request.form needs a non-empty mapping of field name → value")
         params = tuple(Parameter(*_wire.form_field(name, value)) for name, value in fields.items())
-        return cls._make(params, _with_content_type(headers, _wire.MULTIPART), request_id, url_path)
+        hdrs = _with_content_type(headers, _wire.MULTIPART)
+        header = _header_content_type(hdrs)
+        if not _wire.is_multipart(header):
+            raise ValueError(
+                f"Request.form sends multipart/form-data, but the Content-Type header is {header!r}: "
+                "the frontend would read the body as one raw parameter; drop the header, or build "
+                "the request with Request.from_bytes"
+            )
+        return cls._make(params, hdrs, request_id, url_path)
 
     @classmethod
     def from_data(
@@ -312,6 +368,12 @@ class Request:
                 f"Request.from_data needs a dict: got {type(data).__name__}; "
                 "deliver any other object as it is with Request.from_item(x)"
             )
+        for key in data:
+            if not isinstance(key, str) or not key:
+                raise TypeError(
+                    f"Request.from_data needs parameter names (non-empty str) as keys: got {key!r}; "
+                    "deliver a dict with other keys as it is with Request.from_item(x)"
+                )
         params, _ = _wire.wire_form(data)
         rid = request_id if request_id is not None else str(uuid.uuid4())
         return cls(tuple(Parameter(*p) for p in params or ()), _check_headers(headers), rid, data, url_path)

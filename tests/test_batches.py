@@ -287,17 +287,18 @@ def test_lists_of_requests_are_refused_with_the_fix():
         ("text", "a str", r"pass a list: \[x\], or hk\.batch\(hk\.Request\.text\(x\)\)"),
         (b"png", "bytes", r"pass a list: \[x\], or hk\.batch\(hk\.Request\.from_bytes\(x\)\)"),
         (None, "None", r"pass a list of requests: \[hk\.Request\.json\(x\)\]"),
-        ({"a": {"data": 1}, "b": {"data": 2}}, "a dict of 2 dicts", r"pass the requests as a list: list\(x\.values\(\)\), or one request dict as \[x\]"),
-        ({0: b"x"}, "a dict with non-str keys", r"pass the requests as a list: list\(x\.values\(\)\)"),
+        ("requests", "a dict of 2 Requests", r"pass them as a list: list\(x\.values\(\)\)$"),
         (3.5, "a float", r"pass a list: \[x\]"),
     ],
-    ids=["tensor", "str", "bytes", "None", "dict-of-dicts", "int-keys", "float"],
+    ids=["tensor", "str", "bytes", "None", "dict-of-requests", "float"],
 )
 def test_what_is_not_a_batch_is_refused_with_the_fix(value, what, fix):
     import torch
 
     if value == "tensor":
         value = torch.tensor([[1.0, 2.0]])
+    if value == "requests":
+        value = {"a": Request.json(1), "b": Request.json(2)}
     expected = rf"expected a batch: a list as handle\(data, context\) takes it, a Batch or a Request: got {what}; {fix}"
     with pytest.raises(TypeError, match=expected):
         Batch.coerce(value)
@@ -306,6 +307,24 @@ def test_what_is_not_a_batch_is_refused_with_the_fix(value, what, fix):
 def test_one_request_dict_is_still_a_batch_of_one():
     assert Batch.coerce({"data": b"x"}).data == [{"data": b"x"}]
     assert Batch.coerce({"data": b"x", "meta": {"k": 1}}).data == [{"data": b"x", "meta": {"k": 1}}]
-    with pytest.raises(TypeError, match="a dict of 1 dicts"):
-        Batch.coerce({"data": {"k": 1}})  # ambiguous: one JSON request, or a dict of requests?
-    assert Batch.coerce([{"data": {"k": 1}}]).data == [{"data": {"k": 1}}]  # a list says which
+    assert Batch.coerce([{"data": {"k": 1}}]).data == [{"data": {"k": 1}}]
+
+
+def test_a_request_dict_with_dict_values_is_one_request():
+    # What the worker builds for a JSON body: {"body": <parsed dict>}. Dict values are a
+    # request's parameters, never requests: only Requests make a dict of requests.
+    for row in ({"body": {"instances": [1, 2]}}, {"data": {"x": 1}}, {"a": {"data": 1}, "b": {"data": 2}}):
+        bt = Batch.coerce(row)
+        assert len(bt) == 1 and bt.data == [row]
+    assert Batch.coerce({"body": {"instances": [1, 2]}}).headers[0]["body"] == {"content-type": "application/json"}
+    with pytest.raises(TypeError, match=r"got a dict of 1 Requests; pass them as a list"):
+        Batch.coerce({"r": Request.json({"x": 1})})
+
+
+@pytest.mark.parametrize("item", [{1: "x"}, {"": b"x"}, {"ok": 1, 2: "y"}])
+def test_dicts_without_parameter_names_are_raw_items(item):
+    # TorchServe's unit tests pass such dicts straight to handle(): delivered as they are.
+    for bt in (batch(item), Batch.coerce(item), Batch.coerce([item])):
+        assert bt.data == [item] and bt[0].item and bt.headers == [{}]
+    with pytest.raises(TypeError, match=r"Request\.from_data needs parameter names \(non-empty str\) as keys: got 1; .*Request\.from_item\(x\)"):
+        Request.from_data({1: "x"})

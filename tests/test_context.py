@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import uuid
 from pathlib import Path
 
@@ -95,14 +96,45 @@ def test_mock_context_defaults(monkeypatch, tmp_path):
     assert ctx.manifest == {"model": {"modelName": "mnist", "serializedFile": "model.pt", "modelFile": "model.py"}}
     assert ctx.model_yaml_config == {}
     assert ctx.stopping_criteria is None
-    # One placeholder request so handlers can read headers before any batch.
-    assert list(ctx.request_ids) == [0]
-    uuid.UUID(ctx.request_ids[0])
-    assert ctx.get_request_header(0, "explain") is None
-    assert ctx.get_all_request_header(0) == {}
+    # No request before a batch is bound, as in ts.context.Context.
+    assert ctx.request_ids is None and ctx.request_processor is None
+    assert ctx.get_request_id() is None
+    assert ctx.responses() == []
     assert isinstance(ctx.metrics, RecordingMetrics)
     assert ctx.metrics.model_name == "mnist"
-    assert ctx.metrics.request_ids == ctx.request_ids
+    # ts.model_loader gives the metrics of the model load one fresh request id (a str).
+    uuid.UUID(ctx.metrics.request_ids)
+
+
+@pytest.mark.torchserve
+def test_before_any_batch_header_reads_fail_as_in_torchserve():
+    """TorchServe's Context has request_processor None until the first predict: a handler that
+    reads headers in initialize crashes the model load there, so it must fail here too."""
+    from ts.context import Context
+
+    ours = MockContext(gpu_id=None)
+    theirs = Context("m", "/tmp", {"model": {}}, 1, None, "0.12.0")
+    calls = {
+        "get_request_header": lambda c: c.get_request_header(0, "explain"),
+        "get_all_request_header": lambda c: c.get_all_request_header(0),
+        "get_response_status": lambda c: c.get_response_status(0),
+        "get_response_headers": lambda c: c.get_response_headers(0),
+        "get_response_content_type": lambda c: c.get_response_content_type(0),
+        "set_response_header": lambda c: c.set_response_header(0, "a", "b"),
+        "set_response_content_type": lambda c: c.set_response_content_type(0, "text/plain"),
+        "get_sequence_id": lambda c: c.get_sequence_id(0),
+        "set_all_response_status": lambda c: c.set_all_response_status(500, "x"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError) as expected:
+            call(theirs)
+        with pytest.raises(TypeError, match=r"request_processor is None until a batch is bound") as got:
+            call(ours)
+        assert str(got.value).startswith(str(expected.value)), name
+    # set_response_status keeps TorchServe's None guard; get_request_id gives None.
+    for ctx in (ours, theirs):
+        ctx.set_response_status(500, "x")
+        assert ctx.request_ids is None and ctx.get_request_id(0) is None
 
 
 def test_mock_context_falsy_files_left_out_and_gpu_none_kept():
@@ -196,7 +228,7 @@ def test_every_context_method():
 
 
 def test_responses_are_snapshots():
-    ctx = MockContext()
+    ctx = _bound(MockContext(), [{}])
     snapshot = ctx.responses()
     ctx.set_response_header(0, "a", "b")
     assert snapshot[0].headers == {}
@@ -260,7 +292,8 @@ def test_intermediate_responses_are_collected():
 
 def test_repr():
     text = repr(MockContext(model_name="shapes", gpu_id=None))
-    assert "shapes" in text and "gpu_id=None" in text and "requests=1" in text
+    assert "shapes" in text and "gpu_id=None" in text and "requests=0" in text
+    assert "requests=2" in repr(_bound(MockContext(), [{}, {}]))
 
 
 def test_model_yaml_config_file_missing(tmp_path):
@@ -565,7 +598,13 @@ def test_record_str_is_torchserve_log_line(metrics):
     metrics.add_time("HandlerTime", 12.5, idx=0)
     record = metrics.last("HandlerTime")
     assert record.unit_name == "Milliseconds"
-    assert str(record) == "[METRICS]HandlerTime.Milliseconds:12.5|#ModelName:mnist,Level:Model|#type:GAUGE|r0"
+    host, stamp = socket.gethostname(), int(record.timestamp)
+    assert str(record) == (
+        f"[METRICS]HandlerTime.Milliseconds:12.5|#ModelName:mnist,Level:Model|#type:GAUGE|#hostname:{host},{stamp},r0"
+    )
+    metrics.request_ids = None
+    metrics.add_counter("Errors", 1)
+    assert str(metrics.last("Errors")).endswith(f"|#type:COUNTER|#hostname:{host},{int(metrics.last('Errors').timestamp)}")
 
 
 def test_set_request_ids(metrics):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -127,14 +128,28 @@ def test_state_dict_without_model_file_is_explained(fast_format_dirs, tmp_path):
         (None, "model.py", False, "eager"),
         ("model.pt2", "model.py", False, "eager"),  # modelFile wins, as in TorchServe
         ("model.pt", None, False, "torchscript"),
-        ("model.pth", None, False, "torchscript"),
+        ("model.pth", "model.py", False, "eager"),
         ("model.onnx", None, False, "onnx"),
-        ("MODEL.ONNX", None, False, "onnx"),
         ("model.so", None, True, "aoti-so"),
     ],
 )
 def test_detect_format(serialized, model_file, aot, expected):
     assert detect_format(serialized, model_file, aot_compile=aot) == expected
+
+
+@pytest.mark.parametrize("name", ["model.pth", "model.bin", "model.PT", "model.ts", "MODEL.ONNX", "model.SO"])
+def test_a_name_torchserve_does_not_load_without_model_file_is_refused(name):
+    # BaseHandler.initialize tests str.endswith(".pt"/".onnx"/".so"); anything else without a
+    # modelFile ends in RuntimeError("No model weights could be loaded").
+    with pytest.raises(
+        ModelLoadError,
+        match=rf"^serializedFile '{re.escape(name)}' without a modelFile is no model TorchServe can load: it reads "
+        r"such a file as TorchScript only when its name ends in '\.pt' \(case-sensitive\), and otherwise fails "
+        r"with RuntimeError 'No model weights could be loaded'\n  fix: ",
+    ) as info:
+        detect_format(f"/models/{name}", None, aot_compile=True)
+    assert info.value.fix == "add modelFile (and the model.py defining the class) to the manifest"
+    assert info.value.path == f"/models/{name}"
 
 
 def test_detect_format_pt2_kinds(fast_format_dirs):
@@ -221,7 +236,7 @@ def test_eager_load_errors_carry_their_fix(tmp_path):
         load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
     assert info.value.fix == "correct model.py (it is imported with the model dir first on sys.path, as TorchServe does)"
     (tmp_path / "model.py").write_text("import torch\n\nclass A(torch.nn.Module):\n    pass\n\nclass B(torch.nn.Module):\n    pass\n")
-    with pytest.raises(ModelLoadError, match=r"must define exactly one model class; found A, B\n  fix: ") as info:
+    with pytest.raises(ModelLoadError, match=r"must define exactly one model class; found A, B: TorchServe counts every class defined in it.*\n  fix: ") as info:
         load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
     assert info.value.fix == "keep one nn.Module class in it and import the others from another file"
 
@@ -234,3 +249,27 @@ def test_corrupt_serialized_files(tmp_path):
         (tmp_path / name).write_bytes(b"\x00garbage")
         with pytest.raises(ModelLoadError, match=pattern):
             load_model(fmt, device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / name))
+
+
+def test_a_helper_class_next_to_the_model_is_refused_as_torchserve_does(tmp_path):
+    # TorchServe's _load_pickled_model counts every class list_classes_from_module finds,
+    # nn.Module or not, and raises ValueError("Expected only one class as model definition").
+    (tmp_path / "model.py").write_text(
+        "import torch\nfrom collections import OrderedDict\n\nclass Config:\n    width = 2\n\n"
+        "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(Config.width, 1)\n"
+    )
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model\.py must define exactly one model class; found Config, Net: TorchServe counts every class "
+        r"defined in it, helpers included, and raises ValueError 'Expected only one class as model definition'\n  fix: ",
+    ) as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
+    assert info.value.fix == "keep one nn.Module class in it and import the others from another file"
+    # An imported class (OrderedDict) does not count, for TorchServe either: one class loads.
+    (tmp_path / "model.py").write_text(
+        "import torch\nfrom collections import OrderedDict\n\nclass Net(torch.nn.Linear):\n"
+        "    def __init__(self):\n        super().__init__(2, 1)\n"
+    )
+    loaded = load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
+    assert loaded.details["model_class"] == "Net"

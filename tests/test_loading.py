@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from handlerkit import isolation
+from handlerkit import isolation, loading
 from handlerkit._text import did_you_mean
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
 from handlerkit.loading import (
@@ -300,10 +300,50 @@ def test_real_import_error_is_surfaced(tmp_path):
 
 
 def test_import_error_in_a_name_torchserve_ships_would_load_its_own(tmp_path):
-    pytest.importorskip("ts")
+    # The retry of "image_classifier" succeeds in TorchServe: no error to hide, the built-in served.
     write(tmp_path, "image_classifier.py", "from nowhere_for_handlerkit import thing\n")
-    with pytest.raises(HandlerLoadError, match=r"would have silently served its own ts\.torch_handler\.image_classifier"):
+    with pytest.raises(HandlerLoadError) as info:
         resolve_handler("image_classifier", tmp_path)
+    assert info.value.message.splitlines()[-1] == (
+        "TorchServe 0.12 would have silently served its own ts.torch_handler.image_classifier instead "
+        "(when a handler fails to import it retries the name as one of its built-in handlers), so this "
+        "error would never have shown"
+    )
+    assert "hidden" not in info.value.message
+
+
+@pytest.mark.torchserve
+@pytest.mark.parametrize(
+    "spec",
+    ["image_classifier", "image_classifier.py", "image_classifier.py:handle", "image_classifier:handle", "handler",
+     "handler.py", "handler.py:handle", "request_envelope.py"],
+)
+def test_the_hidden_error_is_the_one_torchserve_raises(tmp_path, spec):
+    # ts.model_loader retries importlib.import_module("." + spec, "ts.torch_handler").
+    module = spec.split(":")[0].removesuffix(".py")
+    write(tmp_path, f"{module}.py", "import nowhere_for_handlerkit_retry\n\ndef handle(d, c):\n    return d\n")
+    try:
+        importlib.import_module("." + spec, "ts.torch_handler")
+        theirs = None
+    except ModuleNotFoundError as exc:
+        theirs = str(exc)
+    with pytest.raises(HandlerLoadError) as info:
+        resolve_handler(spec, tmp_path)
+    if theirs is None:
+        assert f"would have silently served its own ts.torch_handler.{spec} instead" in info.value.message
+    else:
+        assert f'TorchServe 0.12 would have hidden this error behind "{theirs}" (when a handler fails' in info.value.message
+        assert "silently served" not in info.value.message
+
+
+def test_the_hidden_error_is_known_without_torchserve_installed(monkeypatch):
+    # A server always has its built-ins, even where torchserve is not installed here.
+    monkeypatch.setattr(loading, "_torchserve_builtin_names", lambda: ())
+    assert loading._torchserve_retry_error("image_classifier") is None
+    assert loading._torchserve_retry_error("image_classifier.py") == (
+        "No module named 'ts.torch_handler.image_classifier.py'; 'ts.torch_handler.image_classifier' is not a package"
+    )
+    assert loading._torchserve_retry_error("mine.py") == "No module named 'ts.torch_handler.mine'"
 
 
 def test_other_import_time_exception_is_surfaced_without_the_ts_note(tmp_path):

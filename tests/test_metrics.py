@@ -328,6 +328,10 @@ TS_LINE = re.compile(
 )
 
 
+def _untimed(line: str) -> str:
+    return re.sub(r"(\|#hostname:[^,]*),\d+", r"\1,<time>", line)
+
+
 def handler_calls(metrics) -> None:
     """What pytorch/serve's examples/custom_metrics handler does, plus values TorchServe drops.
 
@@ -369,6 +373,8 @@ def test_recorded_values_are_what_torchserve_logs(custom_yaml, caplog):
         dims = ",".join(f"{k}:{v}" for k, v in record.dimensions.items())
         ours_line = (record.name, record.unit_name, str(record.value), dims, record.metric_type.upper())
         assert ours_line + (record.request_id or None,) == match.group("name", "unit", "value", "dims", "type", "req")
+        # str(record) is the very line, request id after a "," (only the time differs).
+        assert _untimed(str(record)) == _untimed(match.string)
     assert len(failed) == len(dropped) == 3
     by_name = {r.name: r for r in ours.records}
     assert by_name["SizeOfImage"].dimensions == {"ModelName": "mnist", "Level": "Model"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -151,6 +152,34 @@ def test_from_model_dir_infers_minimal_dir(tmp_path):
     assert "modelFile" not in ctx.inferred and "handler" not in ctx.inferred
     assert ctx.model_yaml_config == {}
     assert "no weights file" not in str(caught[0].message)
+    # Without model.py, TorchServe's BaseHandler cannot load a .safetensors file: say so.
+    assert ctx.inferred["serializedFile"].startswith(
+        "the only weights file in the dir; without a modelFile TorchServe's BaseHandler cannot load it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("files", "needs_model_file"),
+    [
+        (("weights.pth",), True),
+        (("weights.bin",), True),
+        (("weights.pth", "model.py"), False),
+        (("weights.pt",), False),
+        (("weights.onnx",), False),
+        (("weights.pt2",), False),
+    ],
+)
+def test_inferred_weights_say_when_they_need_a_model_file(tmp_path, files, needs_model_file):
+    for name in files:
+        (tmp_path / name).write_bytes(b"")
+    _, inferred = infer_manifest(tmp_path)
+    note = (
+        "; without a modelFile TorchServe's BaseHandler cannot load it (it reads a lone file as TorchScript "
+        "only when its name ends in .pt, else 'No model weights could be loaded'): add model.py defining "
+        "the model class, or load it in your own initialize"
+    )
+    expected = "the only weights file in the dir" + (note if needs_model_file else "")
+    assert inferred["serializedFile"] == expected
 
 
 def test_from_model_dir_without_weights_says_none_found(tmp_path):
@@ -251,17 +280,27 @@ def test_read_model_dir_reports_what_torchserve_would_load(tmp_path):
     assert found.config == {"batchSize": 3} and found.batch_size == 3
 
 
-def test_batch_size_below_one_fails_only_when_it_is_used(tmp_path):
+@pytest.mark.parametrize("value", [0, -3])
+def test_batch_size_below_one_is_raised_to_one_as_torchserve_does(tmp_path, value):
+    # TorchServe's ModelConfig.setBatchSize: Math.max(1, batchSize). load_config warns.
     _manifest(tmp_path, {"modelName": "m", "configFile": "conf.yaml"})
-    (tmp_path / "conf.yaml").write_text("batchSize: 0\n")
-    with pytest.warns(HandlerkitWarning, match="batchSize: 0 is below 1"):
+    (tmp_path / "conf.yaml").write_text(f"batchSize: {value}\n")
+    with pytest.warns(HandlerkitWarning, match=rf"batchSize: {value} is below 1; TorchServe 0\.12 raises it to 1"):
         found = read_model_dir(tmp_path)
-    with pytest.raises(ConfigError, match=r"batchSize in .*conf\.yaml must be a positive integer: got 0") as info:
-        found.batch_size
-    assert info.value.fix.startswith("write batchSize: 1 or more")
-    with pytest.warns(HandlerkitWarning, match="batchSize: 0 is below 1"):
-        ctx = MockContext.from_model_dir(tmp_path, batch_size=2)  # overridden: not an error
+    assert found.batch_size == 1
+    with pytest.warns(HandlerkitWarning, match=rf"batchSize: {value} is below 1"):
+        ctx = MockContext.from_model_dir(tmp_path)
+    assert ctx.system_properties["batch_size"] == 1
+    with pytest.warns(HandlerkitWarning, match=rf"batchSize: {value} is below 1"):
+        ctx = MockContext.from_model_dir(tmp_path, batch_size=2)  # the argument wins
     assert ctx.system_properties["batch_size"] == 2
+
+
+def test_batch_size_that_is_no_integer_is_an_error():
+    found = ModelDir(path=Path("/m"), manifest={"model": {}}, config={"batchSize": 2.5}, config_path=Path("/m/c.yaml"))
+    with pytest.raises(ConfigError, match=r"batchSize in /m/c\.yaml must be an integer: got 2\.5\n  fix: write batchSize: 1 or more"):
+        found.batch_size
+    assert ModelDir(path=Path("/m"), manifest={"model": {}}).batch_size == 1
 
 
 def test_infer_manifest_without_warning(tmp_path):
@@ -288,6 +327,19 @@ def test_read_manifest_keeps_every_key(tmp_path):
     with pytest.raises(ModelLoadError, match=r"cannot read .*nope\.json") as info:
         read_manifest(tmp_path / "nope.json")
     assert "delete MAR-INF/MANIFEST.json" in info.value.fix
+
+
+@pytest.mark.parametrize("argument", ["config", "metrics_config"])
+def test_a_missing_absolute_config_is_a_model_load_error(tmp_path, argument):
+    # As for a relative path: the file is missing, so ModelLoadError (ConfigError is for a
+    # file that exists and does not validate).
+    (tmp_path / "model.pt").write_bytes(b"")
+    missing = tmp_path / "elsewhere" / "nope.yaml"
+    with pytest.warns(HandlerkitWarning, match="inferred the manifest"), pytest.raises(
+        ModelLoadError, match=rf"^{argument} '{re.escape(str(missing))}' does not exist\n  fix: check the path$"
+    ) as info:
+        MockContext.from_model_dir(tmp_path, **{argument: missing})
+    assert info.value.path == str(missing)
 
 
 def test_config_argument_not_found_names_both_places(tmp_path, monkeypatch):

@@ -187,3 +187,103 @@ def test_pt2_decision_matches_torchserve_base_handler(tmp_path, monkeypatch, pt2
     assert bool(calls) == expected.torchserve_compiles
     if calls:
         assert calls[0] == expected.compile_options
+
+
+# ------------------------------------------------------------------------------ modes and backends, against torch
+
+
+def test_compile_modes_are_torchs_own_with_a_static_fallback(monkeypatch):
+    import torch._inductor
+
+    from handlerkit import pt2 as pt2_module
+
+    assert pt2_module.compile_modes() == tuple(torch._inductor.list_mode_options())
+    assert "lite" in pt2_module.compile_modes()
+    monkeypatch.setattr(pt2_module, "_torch_importable", lambda: False)
+    pt2_module.compile_modes.cache_clear()
+    try:
+        assert pt2_module.compile_modes() == ("default", "lite", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+    finally:
+        pt2_module.compile_modes.cache_clear()
+
+
+def test_lite_mode_is_a_mode():
+    pt2 = no_warnings({"pt2": {"compile": {"enable": True, "mode": "lite"}}}).pt2
+    assert pt2.compile and pt2.torchserve_compiles
+    assert pt2.reason == "pt2.compile.enable is true: torch.compile(model, mode='lite') with torch's default backend"
+
+
+@pytest.mark.parametrize(
+    ("backend", "checked"),
+    [(None, True), ("inductor", True), ("eager", False), ("aot_eager", False)],
+)
+def test_mode_is_checked_only_for_inductor_as_torch_does(backend, checked):
+    import torch
+
+    options = {"mode": "bogus"} if backend is None else {"backend": backend, "mode": "bogus"}
+    if checked:
+        with pytest.raises(RuntimeError, match="Unrecognized mode=bogus"):
+            torch.compile(torch.nn.Linear(1, 1), **options)
+        with pytest.warns(HandlerkitWarning, match=r"pt2\.compile\.mode: 'bogus' is not one of default, lite, .*; torch\.compile \(inductor\) raises"):
+            pt2 = parse_config({"pt2": {"compile": {"enable": True, **options}}}).pt2
+        assert not pt2.compile and pt2.reason.endswith("torch.compile does not know mode 'bogus': torch.compile raises, so the model is not compiled")
+    else:
+        torch.compile(torch.nn.Linear(1, 1), **options)  # accepted: the backend gets mode=... and ignores it
+        pt2 = no_warnings({"pt2": {"compile": {"enable": True, **options}}}).pt2
+        assert pt2.compile and pt2.torchserve_compiles
+
+
+def test_importing_pt2_and_parsing_without_a_mode_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, handlerkit.pt2; from handlerkit.config import parse_config; "
+        "parse_config({'pt2': {'compile': {'enable': True, 'backend': 'eager'}}}); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("backend", TORCHSERVE_PT2_BACKENDS)
+def test_torchserve_compiles_means_torch_has_the_backend_too(backend):
+    # TorchServe's list holds backends today's torch lacks: torch.compile raises InvalidBackend,
+    # TorchServe logs it and serves the model uncompiled.
+    import torch
+
+    pt2 = parse_quietly({"pt2": {"compile": {"enable": True, "backend": backend}}}).pt2
+    assert pt2.compile and pt2.backend_known_to_torchserve
+    try:
+        torch.compile(torch.nn.Linear(1, 1), backend=backend)
+        accepted = True
+    except Exception as exc:
+        assert type(exc).__name__ == "InvalidBackend"
+        accepted = False
+    assert pt2.torchserve_compiles == accepted
+    if backend == "nvfuser":
+        assert not pt2.torchserve_compiles
+
+
+@pytest.mark.torchserve
+@pytest.mark.parametrize("backend", ["nvfuser", "eager"])
+def test_torchserve_compiles_matches_torchserve_with_the_real_torch_compile(tmp_path, backend):
+    import torch
+    from ts.torch_handler.base_handler import BaseHandler
+
+    from handlerkit.loading import model_dir_imports
+
+    (tmp_path / "model.py").write_text(
+        "import torch\nclass TinyNet(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+    raw = {"pt2": {"compile": {"enable": True, "backend": backend}}}
+
+    class Ctx:
+        system_properties = {"model_dir": str(tmp_path), "gpu_id": None}
+        manifest = {"model": {"modelFile": "model.py"}}
+        model_yaml_config = copy.deepcopy(raw)
+
+    handler = BaseHandler()
+    with model_dir_imports(tmp_path):
+        handler.initialize(Ctx())
+    compiled = isinstance(handler.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert compiled == parse_quietly(raw).pt2.torchserve_compiles == (backend == "eager")

@@ -102,6 +102,7 @@ def test_compiles_like_torchserve(variant, mlp_dir, mlp_reference, compile_calls
         expected = mlp_reference[0](x)
         out = handler.handle(x.tolist(), ctx)
         torch.testing.assert_close(torch.tensor(out), expected, rtol=0, atol=1e-5)
+        hk.Batch.coerce(x.tolist()).bind(ts_ctx)  # as the worker does before handle
         torch.testing.assert_close(torch.tensor(ts_handler.handle(x.tolist(), ts_ctx)), expected, rtol=0, atol=1e-5)
 
 

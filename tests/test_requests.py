@@ -99,6 +99,53 @@ def test_content_type_parameters_are_stripped_like_the_frontend():
     assert batch(req).data == [{"body": {"a": 1}}]
 
 
+def test_the_media_type_is_not_trimmed_like_nettys_get_mime_type():
+    # HttpUtil.getMimeType cuts at ";" and keeps the space: the worker compares with
+    # == "application/json", so such a body stays raw bytes.
+    req = Request.from_bytes(b'{"a": 1}', "application/json ; charset=utf-8")
+    assert req.parameters[0].content_type == "application/json "
+    assert batch(req).data == [{"body": bytearray(b'{"a": 1}')}]
+    assert batch(req).headers[0]["body"] == {"content-type": "application/json "}
+    # The header value's own ends are trimmed by the HTTP decoder.
+    assert Request.from_bytes(b"1", " application/json ").parameters[0].content_type == "application/json"
+
+
+def test_the_body_type_comes_from_a_content_type_header_of_any_case():
+    for name in ("Content-Type", "content-type", "CONTENT-TYPE"):
+        req = Request.from_bytes(b'{"a": 1}', headers={name: "application/json; charset=utf-8"})
+        assert req.parameters == (Parameter("body", b'{"a": 1}', "application/json"),)
+        assert batch(req).data == [{"body": {"a": 1}}]
+        assert dict(req.headers) == {name: "application/json; charset=utf-8"}
+    urlencoded = Request.from_bytes(b"a=1", headers={"content-type": "application/x-www-form-urlencoded"})
+    assert batch(urlencoded).data == [{"a": bytearray(b"1")}]
+    text = Request.text("hi", headers={"content-type": "text/html"})
+    assert text.parameters[0].content_type == "text/html" and batch(text).data == [{"body": "hi"}]
+    assert Request.text("hi").headers == {"Content-Type": "text/plain"}
+
+
+def test_content_type_and_header_must_agree():
+    with pytest.raises(ValueError, match=r"^content_type 'application/json' and the Content-Type header 'text/plain' disagree; "):
+        Request.from_bytes(b'{"a": 1}', "application/json", headers={"Content-Type": "text/plain"})
+    with pytest.raises(ValueError, match=r"content_type 'text/plain' and the Content-Type header 'application/json' disagree"):
+        Request.text("hi", headers={"content-type": "application/json"}, content_type="text/plain")
+    with pytest.raises(ValueError, match=r"content_type 'application/json' and the Content-Type header 'text/plain' disagree"):
+        Request.json({"a": 1}, headers={"content-type": "text/plain"})
+    with pytest.raises(ValueError, match=r"several Content-Type values \['image/png', 'text/plain'\]"):
+        Request.from_bytes(b"x", headers={"Content-Type": "text/plain", "content-type": "image/png"})
+    with pytest.raises(ValueError, match=r"Request\.form sends multipart/form-data, but the Content-Type header is 'application/json'"):
+        Request.form({"data": "x"}, headers={"Content-Type": "application/json"})
+    # The same media type in both is fine: the header (what the frontend reads) is kept.
+    req = Request.json({"a": 1}, headers={"Content-Type": "application/json; charset=utf-8"})
+    assert req.headers == {"Content-Type": "application/json; charset=utf-8"}
+    assert batch(req).data == [{"body": {"a": 1}}]
+
+
+def test_urlencoded_content_type_is_matched_ignoring_case():
+    # InferenceRequestHandler: APPLICATION_X_WWW_FORM_URLENCODED.contentEqualsIgnoreCase(type).
+    req = Request.from_bytes(b"a=1&b=2", "Application/X-WWW-Form-Urlencoded")
+    assert batch(req).data == [{"a": bytearray(b"1"), "b": bytearray(b"2")}]
+
+
 def test_json_request_is_parsed():
     req = Request.json({"instances": [[1.0, 2.0]]})
     assert req.parameters[0].content_type == "application/json"
@@ -348,6 +395,17 @@ def test_every_constructor_takes_url_path(png_file, build):
     assert req.header_dict()["explain"] == "False"
     assert "url_path='v1/chat/completion'" in repr(req)
     assert build(png_file, "").header_dict()["url_path"] == ""
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("v1/chat/", "v1/chat"), ("v1/chat//", "v1/chat"), ("/", ""), ("v1//chat", "v1//chat"), ("v1", "v1")],
+)
+def test_url_path_drops_trailing_slashes_as_the_frontend_does(given, expected):
+    # The frontend splits the URL path with Java's String.split("/"), which drops trailing
+    # empty segments but keeps inner ones.
+    assert Request.json(1, url_path=given).url_path == expected
+    assert Request.json(1).with_url_path(given).header_dict()["url_path"] == expected
 
 
 def test_with_url_path_copies():

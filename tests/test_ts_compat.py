@@ -82,7 +82,9 @@ def test_same_metrics_as_torchserve_base_handler(argmax_dir, profile):
         ctx = hk.MockContext(model_dir=argmax_dir, gpu_id=None, model_yaml_config=config)
         with ts_imports(argmax_dir):
             handler.initialize(ctx)
-        assert handler.handle([[1.0, 2.0], [4.0, 3.0]], ctx) == [1, 0]
+        data = [[1.0, 2.0], [4.0, 3.0]]
+        hk.Batch.coerce(data).bind(ctx)  # as the worker does before handle
+        assert handler.handle(data, ctx) == [1, 0]
         recorded[name] = [(r.name, r.unit, r.metric_type) for r in ctx.metrics]
     assert recorded["handlerkit"] == recorded["torchserve"]
     stage_metrics = {"ts_handler_preprocess", "ts_handler_inference", "ts_handler_postprocess"}
@@ -96,6 +98,7 @@ def test_torchserve_default_inference_cannot_run_onnx_but_handlerkit_can(fast_fo
     ctx = format_context("onnx", fast_format_dirs["onnx"])
     ts_handler = TsBaseHandler()
     ts_handler.initialize(ctx)
+    hk.Batch.coerce([[1.0, 2.0, 3.0, 4.0]]).bind(ctx)  # as the worker does before handle
     with pytest.raises(TypeError, match="not callable"):
         ts_handler.handle([[1.0, 2.0, 3.0, 4.0]], ctx)
     handler = BaseHandler()
@@ -112,6 +115,7 @@ def test_aoti_so_runs_like_torchserve(aoti_format_dirs):
     ts_handler.initialize(ctx)
     handler.initialize(ctx)
     x = torch.randn(3, 4).tolist()
+    hk.Batch.coerce(x).bind(ctx)  # as the worker does before handle
     torch.testing.assert_close(torch.tensor(handler.handle(x, ctx)), torch.tensor(ts_handler.handle(x, ctx)), rtol=0, atol=0)
 
 

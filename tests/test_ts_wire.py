@@ -172,6 +172,18 @@ def test_invalid_payloads_fall_back_like_the_worker():
     assert_same_typed(input_batch, expected)
 
 
+def test_an_untrimmed_media_type_stays_bytes_in_the_worker_too():
+    # Netty's getMimeType keeps "application/json " (no trim); the worker then does not parse it.
+    b = batch(
+        Request.from_bytes(b'{"a": 1}', "application/json ; charset=utf-8"),
+        Request.from_bytes(b'{"a": 1}', headers={"content-type": "application/json;charset=utf-8"}),
+    )
+    _, processors, input_batch, _ = through_torchserve(b)
+    assert_same_typed(input_batch, b.data)
+    assert_same_typed(input_batch, [{"body": bytearray(b'{"a": 1}')}, {"body": {"a": 1}}])
+    assert_same_typed([rp.get_request_properties() for rp in processors], b.headers, "headers")
+
+
 def test_raw_data_dicts_with_a_wire_form_round_trip():
     b = Batch.coerce([{"data": {"a": [1, 2]}, "s": "text", "img": bytearray(b"\x00\x01")}])
     _, processors, input_batch, _ = through_torchserve(b)
