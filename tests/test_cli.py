@@ -83,7 +83,10 @@ def test_a_handler_returning_no_list_is_reported_with_exit_code_1(tmp_path, caps
     (tmp_path / "handler.py").write_text("def handle(data, context):\n    return None\n")
     request = tmp_path / "request.txt"
     request.write_text("hello")
-    with pytest.warns(Warning, match="must return a list"):
+    with pytest.warns(Warning) as caught:
         code = main(["run", str(tmp_path), str(request), "--handler", "handler.py:handle"])
+    messages = [str(w.message) for w in caught]
+    assert any("inferred the manifest" in m for m in messages)  # no MAR-INF/MANIFEST.json here
+    assert any("must return a list" in m for m in messages)
     out = capsys.readouterr().out
     assert code == 1 and "contract problems" in out and out.rstrip().endswith("(all)    None")
