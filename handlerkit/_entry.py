@@ -4,7 +4,6 @@ envelope when the model is served with one."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 __all__ = ["class_bound", "entry_point", "is_base_handle"]
@@ -25,7 +24,13 @@ def class_bound(handler: Any, name: str) -> Any:
     """The class's attribute ``name`` bound to ``handler`` as attribute lookup binds it (a
     staticmethod stays a function, a classmethod gets the class), ignoring the instance dict."""
     cls = type(handler)
-    attr = inspect.getattr_static(cls, name)
+    for klass in cls.__mro__:  # inspect.getattr_static's walk, without its checks: this runs per batch
+        namespace = vars(klass)
+        if name in namespace:
+            attr = namespace[name]
+            break
+    else:
+        raise AttributeError(f"{cls.__name__} has no {name}")
     get = getattr(type(attr), "__get__", None)
     return get(attr, handler, cls) if get is not None else attr
 
