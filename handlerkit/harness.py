@@ -403,17 +403,17 @@ class Harness:
                     _recorder.stop(self.handler)
             handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
-            if not built or error is not None and recorder.failed(error) is None:
+            lap = recorder.failed(error) if error is not None else None
+            if not built or error is not None and lap is None:  # handle ran no stage, or failed outside them
                 built.append(self._handle_result(data, output, handle_ms, marks, recorder))
             if error is not None:
-                lap = recorder.failed(error)
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
                 failed.error = self._stage_error(stage, error, count, on_batch_data=lap is not None and lap.input is data)
                 raise failed.error from error
-            for lap in recorder.laps:  # a stage that raised inside handle, which caught it
-                if lap.error is not None and isinstance(lap.error, Exception) and self.results[lap.stage].error is None:
-                    self.results[lap.stage].error = self._stage_error(lap.stage, lap.error, count)
+            for call in recorder.laps:  # a stage that raised inside handle, which caught it
+                if isinstance(call.error, Exception) and self.results[call.stage].error is None:
+                    self.results[call.stage].error = self._stage_error(call.stage, call.error, count)
         finally:
             self._close_capture(capture)
         last = built[-1]
