@@ -40,7 +40,6 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from handlerkit._stack import user_stacklevel
-from handlerkit.contract import HANDLER_STAGES
 from handlerkit.devices import choose_device
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, ModelLoadError
 from handlerkit.formats import detect_format, load_model
@@ -50,8 +49,6 @@ from handlerkit.timer import Timer
 logger = logging.getLogger(__name__)
 
 __all__ = ["BaseHandler", "HandlerDecisions", "CompileDecision", "load_label_mapping", "timed"]
-
-STAGES = HANDLER_STAGES  # the stage methods, in the order handle runs them
 
 F = TypeVar("F", bound=Callable[..., Any])
 
