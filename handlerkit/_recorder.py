@@ -67,12 +67,14 @@ class Recorder:
         metrics: the context's metrics store when it can ``mark()``/``since()``, else None.
         device: the handler's device (a synchronising timer on accelerators).
         track_memory: track each call's peak memory.
+        source: the handler, recorded on each StageResult.
     """
 
-    __slots__ = ("capture", "metrics", "device", "sync", "track_memory", "laps", "_owner")
+    __slots__ = ("capture", "metrics", "device", "sync", "track_memory", "laps", "source", "_owner")
 
-    def __init__(self, capture: Any, metrics: Any, device: Any, track_memory: bool) -> None:
+    def __init__(self, capture: Any, metrics: Any, device: Any, track_memory: bool, source: Any = None) -> None:
         self.capture = capture
+        self.source = source
         self.metrics = metrics
         self.device = device
         self.sync = device is not None and needs_sync(device)
@@ -128,6 +130,7 @@ class Recorder:
                     logs=logs_seen[l0:l1],
                     warnings=warnings_seen[w0:w1],
                     metrics=metrics.since(m0, m1) if metrics is not None else [],
+                    source=self.source,
                 )
                 tracked = [lap.memory] if lap.memory is not None else []
             else:
@@ -139,6 +142,7 @@ class Recorder:
                     sum(lap.wall_ms for lap in laps),
                     None if first.device_ms is None else sum(lap.device_ms or 0.0 for lap in laps),
                     calls=len(laps),
+                    source=self.source,
                 )
                 for lap in laps:
                     w0, l0, m0, w1, l1, m1 = lap.marks

@@ -36,6 +36,7 @@ from typing import Any, Callable
 from handlerkit import _failures
 from handlerkit._capture import Capture, ListHandler, enable_info_logs
 from handlerkit._entry import class_bound, entry_point, is_base_handle
+from handlerkit._reports import Reports
 from handlerkit import _recorder
 from handlerkit._recorder import Recorder
 from handlerkit._stack import user_stacklevel
@@ -52,7 +53,7 @@ _LISTING_MAX_AGE_S = 1.0  # see Harness.imports
 _ORDER = {name: i for i, name in enumerate(STAGES)}
 
 
-class Harness:
+class Harness(Reports):
     """Step through a handler's stages, keep every intermediate, time and check them.
 
     Args:
@@ -226,7 +227,8 @@ class Harness:
 
     def _recorder(self) -> Recorder:
         metrics = self.context.metrics if self._metrics_marks else None
-        return Recorder(self._capture, metrics, getattr(self.handler, "device", None), self.track_memory)
+        handler = self.handler
+        return Recorder(self._capture, metrics, getattr(handler, "device", None), self.track_memory, handler)
 
     def _step(
         self, stage: str, func: Callable[[Any], Any], value: Any, request_count: int | None, on_batch_data: bool = False
@@ -428,14 +430,14 @@ class Harness:
             mode = "explain"
         else:
             mode = "stages" if any(s in stages for s in HANDLER_STAGES) else "handle"
-        return Run(output=output, stages=stages, batch_size=count, mode=mode, handle_ms=handle_ms)
+        return Run(output=output, stages=stages, batch_size=count, mode=mode, handle_ms=handle_ms, source=self.handler)
 
     def _handle_result(self, data: Any, output: Any, handle_ms: float, marks: tuple[int, int, int], recorder: Recorder) -> StageResult:
         """The single ``handle`` stage of a run in which handle called no stage method."""
         capture, metrics = self._capture, recorder.metrics
         records = metrics.since(marks[2]) if metrics is not None else []
         result = StageResult("handle", data, output, handle_ms, warnings=capture.warnings[marks[0]:],
-                             logs=capture.logs[marks[1]:], metrics=records)
+                             logs=capture.logs[marks[1]:], metrics=records, source=recorder.source)
         self.results["handle"] = result
         return result
 
@@ -445,31 +447,6 @@ class Harness:
         batch.bind(self.context)
         with self.imports():
             return self.entry(batch.data, self.context)
-
-    # -- reports ---------------------------------------------------------------------------
-    def time(self, batch_or_data: Any, warmup: int = 3, repeat: int = 20) -> Any:
-        """Per-stage min / median / p90 / mean over ``repeat`` runs (device-synchronised)."""
-        from handlerkit.diagnostics.timing import time_stages
-
-        return time_stages(self, Batch.coerce(batch_or_data), warmup=warmup, repeat=repeat)
-
-    def sweep(self, batch_or_data: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8), warmup: int = 2, repeat: int = 10) -> Any:
-        """Latency and throughput per stage for each batch size (requests repeated to size)."""
-        from handlerkit.diagnostics.timing import sweep_stages
-
-        return sweep_stages(self, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, warmup=warmup, repeat=repeat)
-
-    def device_report(self) -> Any:
-        """Device chosen and why, accelerators, TF32, where parameters and stage tensors live."""
-        from handlerkit.diagnostics.device import build_device_report
-
-        return build_device_report(self)
-
-    def check(self, batch_or_data: Any, *, atol: float = 1e-4, rtol: float = 1e-4) -> Any:
-        """Contract checks: output shape/type, statuses, batch parity, request encodings."""
-        from handlerkit.diagnostics.checks import run_checks
-
-        return run_checks(self, Batch.coerce(batch_or_data), atol=atol, rtol=rtol)
 
     # -- reload ----------------------------------------------------------------------------
     def reload(self) -> None:

@@ -45,6 +45,7 @@ class StageResult(Rendered):
         metrics: metric records the handler added during the stage.
         error: the :class:`~handlerkit.errors.StageError`, when the stage raised.
         problems: contract problems (:class:`~handlerkit.contract.Problem`) found in the output.
+        source: the handler that produced it (pictures read its transforms and label mapping).
     """
 
     stage: str
@@ -61,6 +62,7 @@ class StageResult(Rendered):
     error: StageError | None = None
     problems: list[Any] = field(default_factory=list)
     calls: int = 1
+    source: Any = field(default=None, repr=False, compare=False)
 
     _tensors: list[TensorInfo] | None = field(default=None, repr=False)
     _input_tensors: list[TensorInfo] | None = field(default=None, repr=False)
@@ -133,6 +135,7 @@ class Run(Rendered):
         mode: ``"stages"`` (preprocess → inference → postprocess), ``"explain"``,
             ``"describe"``, or ``"handle"`` (handle ran no stage method).
         handle_ms: the whole ``handle`` call, stages and what ``handle`` did around them.
+        source: the handler that produced it.
     """
 
     output: Any
@@ -140,6 +143,7 @@ class Run(Rendered):
     batch_size: int
     mode: str = "stages"
     handle_ms: float | None = None
+    source: Any = field(default=None, repr=False, compare=False)
 
     @property
     def timings(self) -> dict[str, float]:

@@ -11,6 +11,7 @@ import importlib.util
 import io
 import json
 import math
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# No progress bars in the test log or in the notebooks' outputs (the nbval kernels inherit this).
+os.environ.setdefault("HANDLERKIT_PROGRESS", "0")
 
 # ---------------------------------------------------------------------------------------------
 # Model sources (written as model.py into model dirs)

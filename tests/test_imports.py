@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "handlerkit._describe": 1,
     "handlerkit._optional": 1,
     "handlerkit._validate": 1,
+    "handlerkit._progress": 1,
     # 2. the TorchServe model
     "handlerkit.devices": 2,
     "handlerkit.timer": 2,
@@ -65,6 +66,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.diagnostics": 5,
     # 6. the Harness
     "handlerkit.harness": 6,
+    "handlerkit._reports": 6,
     # 7. front ends
     "handlerkit.cli": 7,
     "handlerkit.viz": 7,

@@ -10,6 +10,7 @@ returns; :class:`TimingReport` and :class:`SweepReport` render themselves.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit.diagnostics._view import HarnessView
 
@@ -99,14 +101,14 @@ def summarize(samples: Iterable[float]) -> TimingStats:
 
 
 def time_callable_stages(
-    run_once: Callable[[], Mapping[str, float]], warmup: int, repeat: int
+    run_once: Callable[[], Mapping[str, float]], warmup: int, repeat: int, progress: Bar | None = None
 ) -> dict[str, list[float]]:
     """Call ``run_once`` ``warmup`` times, then ``repeat`` times, collecting its timings.
 
     ``run_once`` performs one pass and returns ``{stage: milliseconds}``. Warm-up passes are
     discarded. Unless ``run_once`` reports :data:`END_TO_END` itself, its wall time per
     call is recorded under that key (last), so the end-to-end includes whatever the caller
-    does between stages.
+    does between stages. ``progress`` advances once per pass, warm-up included.
 
     Returns:
         ``{stage: [ms per pass]}`` in the order stages first appear.
@@ -121,6 +123,8 @@ def time_callable_stages(
         raise ValueError(f"repeat must be >= 1: got {repeat}")
     for _ in range(warmup):
         run_once()
+        if progress is not None:
+            progress.update()
     samples: dict[str, list[float]] = {}
     end_to_end: list[float] = []
     for _ in range(repeat):
@@ -135,6 +139,8 @@ def time_callable_stages(
             samples.setdefault(stage, []).append(float(ms))
         if END_TO_END not in result:
             end_to_end.append(elapsed)
+        if progress is not None:
+            progress.update()
     if end_to_end and END_TO_END not in samples:
         samples[END_TO_END] = end_to_end
     return samples
@@ -342,8 +348,14 @@ def _stage_ms(run: Any) -> dict[str, float]:
     }
 
 
-def time_stages(harness: HarnessView, batch: Any, warmup: int = 3, repeat: int = 20) -> TimingReport:
-    """Per-stage statistics over ``repeat`` runs after ``warmup`` runs."""
+def time_stages(
+    harness: HarnessView, batch: Any, warmup: int = 3, repeat: int = 20, progress: bool | Bar | None = None
+) -> TimingReport:
+    """Per-stage statistics over ``repeat`` runs after ``warmup`` runs.
+
+    ``progress``: a bar (see :mod:`handlerkit._progress`; None lets the environment decide),
+    or an open :class:`~handlerkit._progress.Bar` to advance (a sweep's).
+    """
     if "initialize" not in harness.results or not harness.results["initialize"].ok:
         harness.initialize()
     handler = harness.handler
@@ -353,7 +365,13 @@ def time_stages(harness: HarnessView, batch: Any, warmup: int = 3, repeat: int =
     try:
         with harness.preserved(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            samples = time_callable_stages(lambda: _stage_ms(harness.run(batch)), warmup=warmup, repeat=repeat)
+            with contextlib.ExitStack() as stack:
+                shown = progress if isinstance(progress, Bar) else stack.enter_context(
+                    Bar(warmup + repeat, f"timing {harness.name}", progress)
+                )
+                samples = time_callable_stages(
+                    lambda: _stage_ms(harness.run(batch)), warmup=warmup, repeat=repeat, progress=shown
+                )
     finally:
         harness.track_memory = track_memory
     notes = []
@@ -374,10 +392,19 @@ def resize_batch(batch: Any, size: int) -> Any:
 
 
 def sweep_stages(
-    harness: HarnessView, batch: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8), warmup: int = 2, repeat: int = 10
+    harness: HarnessView,
+    batch: Any,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    warmup: int = 2,
+    repeat: int = 10,
+    progress: bool | None = None,
 ) -> SweepReport:
-    """Latency and throughput per stage at each batch size."""
+    """Latency and throughput per stage at each batch size (one bar over every pass)."""
     if not batch_sizes or any(not isinstance(n, int) or n < 1 for n in batch_sizes):
         raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
-    reports = [time_stages(harness, resize_batch(batch, n), warmup=warmup, repeat=repeat) for n in batch_sizes]
+    with Bar(len(batch_sizes) * (warmup + repeat), f"sweep {harness.name}", progress) as shown:
+        reports = []
+        for n in batch_sizes:
+            shown.set_description(f"sweep {harness.name}: batch {n}")
+            reports.append(time_stages(harness, resize_batch(batch, n), warmup=warmup, repeat=repeat, progress=shown))
     return SweepReport(reports)

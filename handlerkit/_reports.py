@@ -1,0 +1,63 @@
+"""The reports a :class:`~handlerkit.harness.Harness` offers, as thin calls into :mod:`handlerkit.diagnostics`.
+
+Each report reads the harness through :class:`handlerkit.diagnostics._view.HarnessView` and
+imports its diagnostics module only when called, so ``import handlerkit`` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from handlerkit.batches import Batch
+
+__all__ = ["Reports"]
+
+
+class Reports:
+    """Mixed into the Harness: ``time``, ``sweep``, ``device_report``, ``check``,
+    ``compile_report``, ``profile``."""
+
+    def time(self, batch_or_data: Any, warmup: int = 3, repeat: int = 20, *, progress: bool | None = None) -> Any:
+        """Per-stage min / median / p90 / mean over ``repeat`` runs (device-synchronised)."""
+        from handlerkit.diagnostics.timing import time_stages
+
+        return time_stages(self, Batch.coerce(batch_or_data), warmup=warmup, repeat=repeat, progress=progress)
+
+    def sweep(self, batch_or_data: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8), warmup: int = 2, repeat: int = 10,
+              *, progress: bool | None = None) -> Any:
+        """Latency and throughput per stage for each batch size (requests repeated to size)."""
+        from handlerkit.diagnostics.timing import sweep_stages
+
+        return sweep_stages(self, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, warmup=warmup, repeat=repeat,
+                            progress=progress)
+
+    def device_report(self) -> Any:
+        """Device chosen and why, accelerators, TF32, where parameters and stage tensors live."""
+        from handlerkit.diagnostics.device import build_device_report
+
+        return build_device_report(self)
+
+    def check(self, batch_or_data: Any, *, atol: float = 1e-4, rtol: float = 1e-4) -> Any:
+        """Contract checks: output shape/type, statuses, batch parity, request encodings."""
+        from handlerkit.diagnostics.checks import run_checks
+
+        return run_checks(self, Batch.coerce(batch_or_data), atol=atol, rtol=rtol)
+
+    def compile_report(self, batch_or_data: Any, *, batch_sizes: Sequence[int] | None = None,
+                       progress: bool | None = None) -> Any:
+        """Did ``torch.compile`` apply, what it cost, graph breaks, recompiles; with ``batch_sizes``
+        the deploy-time gate: will traffic of those sizes recompile?"""
+        from handlerkit.diagnostics.compile import compile_report
+
+        return compile_report(self, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, progress=progress)
+
+    def profile(self, batch_or_data: Any, *, top: int = 10, record_shapes: bool = False,
+                trace: str | os.PathLike[str] | None = None, progress: bool | None = None) -> Any:
+        """One run under ``torch.profiler``: the top operators of each stage; ``trace`` writes a
+        Chrome/Perfetto trace."""
+        from handlerkit.diagnostics.profile import profile_stages
+
+        return profile_stages(self, Batch.coerce(batch_or_data), top=top, record_shapes=record_shapes,
+                              trace=trace, progress=progress)

@@ -1,0 +1,95 @@
+"""Progress bars: drawn where a person watches, silent in pipes, CI and the test suite."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import handlerkit as hk
+from handlerkit import _progress
+from handlerkit._progress import Bar, bar, wanted
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    monkeypatch.delenv("HANDLERKIT_PROGRESS", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+
+
+class _Tty:
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_explicit_choice_wins(monkeypatch):
+    monkeypatch.setenv("HANDLERKIT_PROGRESS", "0")
+    assert wanted(True) is True
+    monkeypatch.setenv("HANDLERKIT_PROGRESS", "1")
+    assert wanted(False) is False
+
+
+@pytest.mark.parametrize("value, expected", [("0", False), ("off", False), ("False", False), ("1", True), ("yes", True)])
+def test_environment_switch(monkeypatch, value, expected):
+    monkeypatch.setenv("HANDLERKIT_PROGRESS", value)
+    assert wanted() is expected
+
+
+def test_ci_is_silent_and_terminals_are_not(no_env, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", _Tty(True))
+    assert wanted() is True
+    monkeypatch.setenv("CI", "true")
+    assert wanted() is False
+    monkeypatch.delenv("CI")
+    monkeypatch.setattr(sys, "stderr", _Tty(False))  # a pipe or a log file
+    assert wanted() is False
+
+
+def test_a_kernel_counts_as_watched(no_env, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", _Tty(False))
+    monkeypatch.setattr(_progress, "_in_kernel", lambda: True)
+    assert wanted() is True
+
+
+def test_off_bar_does_nothing_and_iterates_everything():
+    with Bar(3, "x", progress=False) as shown:
+        shown.update()
+        shown.set_description("y")
+        assert shown._bar is None
+    assert list(bar(range(4), "x", progress=False)) == [0, 1, 2, 3]
+
+
+def test_on_bar_counts_to_its_total(capsys):
+    with Bar(3, "counting", progress=True) as shown:
+        for _ in range(3):
+            shown.update()
+        assert shown._bar.n == shown._bar.total == 3
+    assert shown._bar is None  # closed
+    assert "counting" in capsys.readouterr().err
+    assert list(bar([1, 2, 3], "iterating", progress=True)) == [1, 2, 3]
+    assert "iterating:   0%" in capsys.readouterr().err
+
+
+def test_time_and_sweep_draw_one_bar_each(capsys):
+    h = hk.Harness("image_classifier", hk.MockContext.from_model_dir(FIXTURES / "models" / "image_classifier"))
+    batch = hk.batch(hk.Request.from_file(FIXTURES / "images" / "circle.png"))
+    h.time(batch, warmup=1, repeat=2, progress=True)
+    err = capsys.readouterr().err
+    assert "timing ImageClassifier:   0%" in err and "0/3" in err  # warm-up + repeat
+    h.sweep(batch, batch_sizes=[1, 2], warmup=0, repeat=2, progress=True)
+    err = capsys.readouterr().err
+    assert "sweep ImageClassifier: batch 2" in err and "/4" in err
+    h.time(batch, warmup=0, repeat=2)  # the suite sets HANDLERKIT_PROGRESS=0
+    assert capsys.readouterr().err == ""
