@@ -1,4 +1,5 @@
 """Diagnostics the harness reports, each reading a harness through its public surface
 (:class:`~handlerkit.diagnostics._view.HarnessView`): ``device`` (where a handler runs and
 why), ``timing`` (repeated timing and sweeps), ``checks`` (contract, batch parity, request
-encodings)."""
+encodings), ``compile`` (what ``torch.compile`` did, graph breaks, recompiles, the
+batch-size gate) and ``profile`` (``torch.profiler``, top operators per stage)."""
