@@ -36,6 +36,7 @@ _EXPORTS = {
     "PredictionException": "handlerkit.errors",
     "HandlerkitWarning": "handlerkit.errors",
     "RequestError": "handlerkit.errors",
+    "Stepper": "handlerkit.widgets",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from handlerkit.loading import resolve_handler
     from handlerkit.batches import Batch, batch
     from handlerkit.requests import Request
+    from handlerkit.widgets import Stepper
 
 
 def __getattr__(name: str) -> Any:

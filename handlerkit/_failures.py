@@ -105,7 +105,8 @@ def stage_error(
     # handlerkit's own errors say what is wrong and how to fix it; for any other exception the
     # line of the handler that raised it is the most useful pointer.
     location = None if isinstance(exc, HandlerkitError) else raised_at(exc, handler_files)
-    what = exc.reason if isinstance(exc, RequestError) else exc  # its fix is added once, below
+    # Its fix is added once, below (str() of a handlerkit error would carry it too).
+    what = exc.reason if isinstance(exc, RequestError) else exc.message if isinstance(exc, HandlerkitError) else exc
     message = f"{stage} failed in {handler} for {where}: {type(exc).__name__}: {what}"
     if location is not None:
         message += f"\n  at {location[0]}:{location[1]}: {location[2]}"

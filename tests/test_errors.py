@@ -86,3 +86,12 @@ def test_handlerkit_errors_keep_their_own_fix_in_a_stage_error():
         error = _failures.stage_error("preprocess", exc, handler="H", request_index=1)
     assert error.fix == "send the image as the body"
     assert "preprocess failed in H for request 1: RequestError: request 1: empty body" in error.message
+
+
+def test_a_handlerkit_error_in_a_stage_states_its_fix_once():
+    from handlerkit._failures import stage_error
+
+    own = HandlerkitError("the model dir does not exist", fix="point the context at the model dir")
+    error = stage_error("initialize", own, handler="H", request_index=None)
+    assert str(error).count("point the context at the model dir") == 1
+    assert error.fix == "point the context at the model dir"

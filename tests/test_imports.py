@@ -71,6 +71,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.cli": 7,
     "handlerkit.viz": 7,
     "handlerkit.widgets": 7,
+    "handlerkit._widgets_panes": 7,
     "handlerkit.pytest_plugin": 7,
     "handlerkit.serving": 7,
     # the facade
