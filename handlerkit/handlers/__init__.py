@@ -12,6 +12,8 @@ _EXPORTS = {
     "BaseHandler": "handlerkit.handlers.base",
     "VisionHandler": "handlerkit.handlers.vision",
     "ImageClassifier": "handlerkit.handlers.image_classifier",
+    "TextHandler": "handlerkit.handlers.text",
+    "TextClassifier": "handlerkit.handlers.text_classifier",
 }
 
 __all__ = sorted(_EXPORTS)

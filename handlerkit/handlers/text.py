@@ -1,0 +1,432 @@
+"""TextHandler: TorchServe's text normalisation, a vocabulary file, n-grams, per-request errors.
+
+The steps are TorchServe 0.12's (``ts/torch_handler/text_handler.py`` and
+``text_classifier.py``), in its order, written without torchtext:
+
+1. :func:`remove_html_tags` — tags ``<...>`` and entities ``&amp;``, ``&#39;``, ``&#x27;``;
+2. lower case;
+3. :func:`expand_contractions` — ``don't`` → ``do not`` (``_contractions.CONTRACTIONS``),
+   then every ``'`` is dropped;
+4. :func:`remove_accents` — NFKD, then every non-ASCII character is dropped (so ``café`` →
+   ``cafe``, and text in other scripts disappears);
+5. :func:`remove_punctuation` — ``string.punctuation`` deleted (``state-of-the-art`` →
+   ``stateoftheart``);
+6. :func:`basic_english_tokenize` — torchtext's ``basic_english`` tokenizer;
+7. :func:`ngrams` — the tokens, then every 2-gram, ... up to ``ngrams`` (2, as TorchServe).
+
+Where the result differs from TorchServe's, it is on purpose: a tag or entity becomes a space
+(TorchServe deletes it, so ``movie.<br />The`` gives the token ``moviethe``), and a contraction
+is expanded only as a whole word, longest first (TorchServe's pattern matches inside words —
+``visit's`` → ``visit is`` — and stops at ``can't`` in ``can't've``), and ``'cause`` gives
+``because`` (TorchServe's keeps the apostrophe for the first letter: ``ecause``).
+
+**The vocabulary file** (``vocab.txt`` in the model dir, or ``handler: {vocab: <file>}``):
+UTF-8, one entry per line; the line number, counted from 0, is the entry's row in the model's
+embedding. The first line (row 0) is the entry for everything not in the file (conventionally
+``<unk>``); an n-gram entry is its words joined by one space (``new york``). No blank lines, no duplicates,
+no surrounding spaces. TorchServe's ``source_vocab.pt`` is a pickled torchtext ``Vocab``,
+which cannot be loaded without torchtext: write its ``get_itos()`` one per line instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import unicodedata
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from handlerkit._stack import user_stacklevel
+from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning, ModelLoadError, RequestError
+from handlerkit.handlers._contractions import CONTRACTIONS
+from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
+from handlerkit.requests import payload as request_payload
+
+__all__ = [
+    "TextBatch",
+    "TextHandler",
+    "TextScores",
+    "Vocabulary",
+    "basic_english_tokenize",
+    "error_item",
+    "expand_contractions",
+    "ngrams",
+    "normalise",
+    "remove_accents",
+    "remove_html_tags",
+    "remove_punctuation",
+]
+
+# ---------------------------------------------------------------------------- normalisation
+# A tag runs from "<" to the next ">" on the same line; entities are named, decimal or hex.
+_HTML = re.compile(r"<[^>\n]*>|&(?:[a-z0-9]+|#[0-9]{1,6}|#x[0-9a-f]{1,6});")
+# Longest first, so "can't've" wins over "can't"; whole words only.
+_CONTRACTION = re.compile(
+    r"(?<!\w)(?:" + "|".join(re.escape(c) for c in sorted(CONTRACTIONS, key=len, reverse=True)) + r")(?!\w)",
+    flags=re.IGNORECASE,
+)
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
+# torchtext's basic_english, in its order: (text, replacement) applied one after the other.
+_BASIC_ENGLISH = (("'", " '  "), ('"', ""), (".", " . "), ("<br />", " "), (",", " , "), ("(", " ( "),
+                  (")", " ) "), ("!", " ! "), ("?", " ? "), (";", " "), (":", " "))
+
+
+def remove_html_tags(text: str) -> str:
+    """Tags and character entities replaced by a space (TorchServe deletes them)."""
+    return _HTML.sub(" ", text)
+
+
+def expand_contractions(text: str) -> str:
+    """``don't`` → ``do not`` (``Don't`` → ``Do not``), then every ``'`` dropped."""
+    if "'" not in text:
+        return text
+
+    def expand(match: re.Match[str]) -> str:
+        word = match.group(0)
+        expansion = CONTRACTIONS[word.lower()]
+        return expansion[0].upper() + expansion[1:] if word[0].isupper() else expansion
+
+    return _CONTRACTION.sub(expand, text).replace("'", "")
+
+
+def remove_accents(text: str) -> str:
+    """NFKD, then only ASCII kept: accents come off letters, other characters go."""
+    return unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+
+
+def remove_punctuation(text: str) -> str:
+    """Every character of ``string.punctuation`` deleted."""
+    return text.translate(_NO_PUNCTUATION)
+
+
+def basic_english_tokenize(text: str) -> list[str]:
+    """torchtext's ``basic_english``: lower case, ``. , ( ) ! ? '`` split off as tokens, ``"``
+    deleted, ``; :`` and ``<br />`` as spaces, then split on whitespace."""
+    text = text.lower()
+    for old, new in _BASIC_ENGLISH:
+        text = text.replace(old, new)
+    return text.split()
+
+
+def normalise(text: str) -> str:
+    """Steps 1-5 of TorchServe's text classifier (module docstring), as one string."""
+    text = remove_html_tags(text).lower()
+    return remove_punctuation(remove_accents(expand_contractions(text)))
+
+
+def ngrams(tokens: Sequence[str], n: int) -> list[str]:
+    """The tokens, then every 2-gram, ..., n-gram, words joined by a space (torchtext's order)."""
+    out = list(tokens)
+    for size in range(2, n + 1):
+        out.extend(" ".join(tokens[i : i + size]) for i in range(len(tokens) - size + 1))
+    return out
+
+
+# ---------------------------------------------------------------------------- vocabulary
+class Vocabulary:
+    """Entry ↔ embedding row; anything unknown maps to row 0 (module docstring: the file).
+
+    ``vocab[entry]`` gives the row as torchtext's ``Vocab`` with a default index does, so a
+    TorchServe handler written against ``self.source_vocab[token]`` keeps working.
+    """
+
+    unk_index = 0
+
+    def __init__(self, entries: Iterable[str], path: str | None = None):
+        self.itos: list[str] = list(entries)
+        self.path = path
+        self.stoi: dict[str, int] = {}
+        problems = []
+        for i, entry in enumerate(self.itos):
+            if not entry or entry != " ".join(entry.split()):
+                problems.append(f"line {i + 1}: {entry!r} is blank or has extra spaces")
+            elif entry in self.stoi:
+                problems.append(f"line {i + 1}: {entry!r} repeats line {self.stoi[entry] + 1}")
+            else:
+                self.stoi[entry] = i
+        if not self.itos:
+            problems.append("it has no entries (the first line must be the unknown entry, e.g. <unk>)")
+        if problems:
+            where = path or "the vocabulary"
+            raise ModelLoadError(
+                f"{where}: " + "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
+                path=path,
+                fix="write one entry per line, each once, words separated by one space; the first line is the unknown entry",
+            )
+        #: The most words in one entry: the vocabulary's n-gram order.
+        self.max_words = max(len(entry.split(" ")) for entry in self.itos)
+
+    @classmethod
+    def from_file(cls, path: str) -> Vocabulary:
+        """Read a vocabulary file (UTF-8, one entry per line)."""
+        try:
+            with open(path, encoding="utf-8", newline="") as f:
+                text = f.read()
+        except UnicodeDecodeError as exc:
+            raise ModelLoadError(f"{path} is not UTF-8 ({exc})", path=path, fix="save it as UTF-8") from exc
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # the final newline
+        return cls([line.removesuffix("\r") for line in lines], path=path)
+
+    def to_text(self) -> str:
+        """The file's content: one entry per line, a final newline."""
+        return "".join(entry + "\n" for entry in self.itos)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __getitem__(self, entry: str) -> int:
+        return self.stoi.get(entry, self.unk_index)
+
+    def __contains__(self, entry: object) -> bool:
+        return entry in self.stoi
+
+    def lookup(self, entries: Iterable[str]) -> list[int]:
+        """The rows of ``entries``, unknown ones as row 0."""
+        get, unk = self.stoi.get, self.unk_index
+        return [get(entry, unk) for entry in entries]
+
+    def __repr__(self) -> str:
+        return f"Vocabulary({len(self)} entries, up to {self.max_words}-word entries, unknown={self.itos[0]!r})"
+
+
+# ---------------------------------------------------------------------------- batches
+class TextBatch(NamedTuple):
+    """What :meth:`TextHandler.preprocess` gives: EmbeddingBag input for the requests that could
+    be read, and per request what happened.
+
+    Attributes:
+        text: int64 [total entries], every readable request's rows, one after the other.
+        offsets: int64 [readable requests], where each one starts in ``text``.
+        features: per request, its tokens and n-grams (None where it failed).
+        errors: request index -> the :class:`RequestError` that request gets as its answer.
+    """
+
+    text: torch.Tensor
+    offsets: torch.Tensor
+    features: list[list[str] | None]
+    errors: dict[int, RequestError]
+
+    @property
+    def readable(self) -> list[int]:
+        """The indices of the requests that reach the model, in batch order."""
+        return [i for i, f in enumerate(self.features) if f is not None]
+
+
+class TextScores(NamedTuple):
+    """What :meth:`TextClassifier.inference` gives: the model's scores for the readable
+    requests (None when there are none) and the batch they came from (for its errors)."""
+
+    scores: torch.Tensor | None
+    batch: TextBatch
+
+
+_PHRASES = {400: "Bad Request", 413: "Payload Too Large"}
+
+
+def error_item(error: RequestError) -> dict[str, Any]:
+    """A failed request's answer: ``{"code": 400, "error": what is wrong, "fix": what to send}``."""
+    reason = error.reason
+    prefix = f"request {error.request_index}: "
+    return {"code": error.error_code, "error": reason.removeprefix(prefix), "fix": error.fix}
+
+
+def _refuse(index: int, what: str, fix: str, code: int = 400) -> RequestError:
+    return RequestError(f"request {index}: {what}", index, code, fix=fix)
+
+
+_JSON_KINDS = {dict: "a JSON object", list: "a JSON array", bool: "a JSON boolean", int: "a JSON number", float: "a JSON number"}
+
+
+# ---------------------------------------------------------------------------- the handler
+class TextHandler(BaseHandler):
+    """Base of the text handlers: each request's ``data`` or ``body`` is one text.
+
+    Accepted per request, as TorchServe's text classifier reads it: a ``str`` (a ``text/*``
+    body, or a JSON string), or UTF-8 ``bytes``/``bytearray`` (any other content type). Unlike
+    TorchServe's, which reads only the first request of a batch, every request is read, and a
+    request that cannot be — not UTF-8, empty, JSON that is not a string, longer than
+    ``max_text_chars``, no words left after normalisation — gets its own error item and a 4xx
+    status (``context.set_response_status``) while the others are answered.
+
+    ``handler:`` keys read from model-config.yaml: ``vocab`` (file name, default ``vocab.txt``),
+    ``ngrams`` (default 2), ``max_text_chars`` (default 100 000; longer texts get 413).
+
+    TorchServe's method names are kept (``_remove_html_tags``, ``_expand_contractions``,
+    ``_remove_accented_characters``, ``_remove_punctuation``, ``_tokenize``, ``get_word_token``)
+    and ``source_vocab`` is the :class:`Vocabulary`, so subclasses written for TorchServe run.
+    """
+
+    ngrams = 2
+    max_text_chars = 100_000
+    vocab_file = "vocab.txt"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.source_vocab: Vocabulary | None = None
+        self.tokenizer = basic_english_tokenize
+        self.lig = None  # TorchServe's attribute; explanations build their own (text_classifier)
+
+    def _initialize(self, context: Any, decisions: HandlerDecisions) -> None:
+        # Inside BaseHandler's all-or-nothing initialize: a bad vocabulary leaves no model loaded.
+        self.source_vocab = None
+        super()._initialize(context, decisions)
+        settings = self.settings
+        cls = type(self)
+        self.ngrams = _positive_int(settings.get("ngrams", cls.ngrams), "ngrams")
+        self.max_text_chars = _positive_int(settings.get("max_text_chars", cls.max_text_chars), "max_text_chars")
+        name = settings.get("vocab", cls.vocab_file)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"handler.vocab must be a file name, got {name!r}", fix="write e.g. vocab: vocab.txt")
+        model_dir = context.system_properties.get("model_dir") or "."
+        path = os.path.join(model_dir, name)
+        if not os.path.isfile(path):
+            legacy = os.path.join(model_dir, "source_vocab.pt")
+            extra = (
+                f"; {legacy} is TorchServe's pickled torchtext Vocab, which cannot be read without torchtext"
+                if os.path.isfile(legacy) else ""
+            )
+            raise ModelLoadError(
+                f"no vocabulary file at {path}{extra}",
+                path=path,
+                fix="write the vocabulary one entry per line, the unknown entry (<unk>) first, as "
+                "vocab.txt in the model dir (from torchtext: '\\n'.join(vocab.get_itos()))",
+            )
+        vocab = Vocabulary.from_file(path)
+        rows = _embedding_rows(self.model)
+        if rows is not None and len(vocab) > rows:
+            raise ModelLoadError(
+                f"{path} has {len(vocab)} entries but the model's embedding has {rows} rows",
+                path=path,
+                fix="use the vocabulary the model was trained with",
+            )
+        self.source_vocab = vocab
+        note = (f"vocabulary {path}: {len(vocab)} entries, up to {vocab.max_words}-word entries, "
+                f"unknown {vocab.itos[0]!r}; ngrams={self.ngrams}; max_text_chars={self.max_text_chars}")
+        decisions.notes.append(note)
+        if vocab.max_words != self.ngrams:
+            warnings.warn(
+                f"handlerkit: the vocabulary's longest entries have {vocab.max_words} word(s) but the handler "
+                f"makes n-grams up to {self.ngrams}: "
+                + ("every longer n-gram is looked up as unknown" if vocab.max_words < self.ngrams
+                   else "its longer entries are never used")
+                + f"; set handler: {{ngrams: {vocab.max_words}}} if the model was trained that way",
+                HandlerkitWarning,
+                stacklevel=user_stacklevel(),
+            )
+
+    # -------------------------------------------------------------- one request
+    def read_text(self, row: Any, index: int) -> str:
+        """Request ``index``'s text, or a :class:`RequestError` saying what to send instead."""
+        payload = request_payload(row)
+        fix = "send the text as the request body (text/plain; charset=utf-8) or as a JSON string"
+        if payload is None:
+            got = f"fields {sorted(row)}" if isinstance(row, dict) else f"a {type(row).__name__}"
+            raise _refuse(index, f"no text under 'data' or 'body' (got {got})", fix)
+        limit = self.max_text_chars
+        too_long = "split it into several requests, or raise handler: {max_text_chars: N} in model-config.yaml"
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            if len(payload) > 4 * limit:  # UTF-8 takes at most 4 bytes a character
+                what = f"the body has {len(payload):,} bytes, more than {limit:,} characters can take"
+                raise _refuse(index, what, too_long, 413)
+            try:
+                payload = bytes(payload).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _refuse(
+                    index, f"the body is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at position {exc.start})",
+                    "encode the text as UTF-8 (Latin-1 and UTF-16 are not read)",
+                ) from exc
+        if not isinstance(payload, str):
+            kind = _JSON_KINDS.get(type(payload), f"a {type(payload).__name__}")
+            raise _refuse(index, f"{kind} is not text", fix + " (TorchServe's text classifier reads no JSON fields either)")
+        if not payload.strip():
+            raise _refuse(index, "the body is empty" if not payload else "the text is only whitespace", fix)
+        if len(payload) > limit:
+            raise _refuse(index, f"the text has {len(payload):,} characters; this handler takes at most {limit:,}", too_long, 413)
+        return payload
+
+    def features(self, text: str) -> list[str]:
+        """The tokens of ``text`` after normalisation, then its n-grams."""
+        return ngrams(self._tokenize(normalise(text)), self.ngrams)
+
+    # -------------------------------------------------------------- TorchServe's names
+    def _remove_html_tags(self, text: str) -> str:
+        return remove_html_tags(text)
+
+    def _expand_contractions(self, text: str) -> str:
+        return expand_contractions(text)
+
+    def _remove_accented_characters(self, text: str) -> str:
+        return remove_accents(text)
+
+    def _remove_punctuation(self, text: str) -> str:
+        return remove_punctuation(text)
+
+    _remove_puncutation = _remove_punctuation  # TorchServe's original spelling
+
+    def _tokenize(self, text: str) -> list[str]:
+        return self.tokenizer(text)
+
+    def get_word_token(self, input_tokens: Sequence[str]) -> list[str]:
+        """Tokens without the ``Ġ`` of BPE tokenizers (TorchServe's helper)."""
+        return [token.replace("Ġ", "") for token in input_tokens]
+
+    # -------------------------------------------------------------- the batch
+    @timed
+    def preprocess(self, data: list[Any]) -> TextBatch:
+        """Every request to vocabulary rows; a request that cannot be read gets its error
+        (and its 4xx status) here and is left out of the model's input."""
+        vocab = self.source_vocab
+        if vocab is None:
+            raise HandlerkitError("preprocess ran before initialize loaded the vocabulary", fix="call initialize(context) first")
+        rows: list[int] = []
+        offsets: list[int] = []
+        features: list[list[str] | None] = []
+        errors: dict[int, RequestError] = {}
+        for index, row in enumerate(data):
+            try:
+                text = self.read_text(row, index)
+                found = self.features(text)
+                if not found:
+                    raise _refuse(
+                        index, f"no words are left after normalisation (tags, accents, punctuation removed) of {text[:40]!r}",
+                        "send text with at least one word in Latin letters or digits",
+                    )
+            except RequestError as exc:
+                errors[index] = exc
+                features.append(None)
+                self._set_status(index, exc)
+                continue
+            offsets.append(len(rows))
+            rows.extend(vocab.lookup(found))
+            features.append(found)
+        return TextBatch(
+            torch.as_tensor(rows, dtype=torch.long, device=self.device),
+            torch.as_tensor(offsets, dtype=torch.long, device=self.device),
+            features,
+            errors,
+        )
+
+    def _set_status(self, index: int, error: RequestError) -> None:
+        context = self.context
+        if context is not None and hasattr(context, "set_response_status"):
+            context.set_response_status(error.error_code, _PHRASES.get(error.error_code, "Bad Request"), index)
+
+
+def _positive_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"handler.{key} must be a positive integer, got {value!r}", fix=f"write e.g. {key}: 2")
+    return value
+
+
+def _embedding_rows(model: Any) -> int | None:
+    """The row count of the model's ``embedding`` (TorchServe's attribute name), when it has one."""
+    module = getattr(model, "_orig_mod", model)
+    rows = getattr(getattr(module, "embedding", None), "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
+
