@@ -45,13 +45,15 @@ class Reports:
 
         return run_checks(self, Batch.coerce(batch_or_data), atol=atol, rtol=rtol)
 
-    def compile_report(self, batch_or_data: Any, *, batch_sizes: Sequence[int] | None = None,
-                       progress: bool | None = None) -> Any:
-        """Did ``torch.compile`` apply, what it cost, graph breaks, recompiles; with ``batch_sizes``
-        the deploy-time gate: will traffic of those sizes recompile?"""
+    def compile_report(self, batch_or_data: Any, *, batch_sizes: Sequence[int] | None = None, repeat: int = 10,
+                       warmup: int = 1, progress: bool | None = None) -> Any:
+        """Did ``torch.compile`` apply, what it cost (the first call, split into Dynamo and
+        backend), graph breaks, recompiles, compiled against eager over ``repeat`` steady calls;
+        with ``batch_sizes`` the deploy-time gate: will traffic of those sizes recompile?"""
         from handlerkit.diagnostics.compile import compile_report
 
-        return compile_report(self, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, progress=progress)
+        return compile_report(self, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, repeat=repeat,
+                              warmup=warmup, progress=progress)
 
     def profile(self, batch_or_data: Any, *, top: int = 10, record_shapes: bool = False,
                 trace: str | os.PathLike[str] | None = None, progress: bool | None = None) -> Any:

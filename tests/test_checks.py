@@ -48,3 +48,29 @@ def test_a_config_edited_in_place_reaches_the_next_initialize():
     assert h.run([[1.0]]).output == [{"sum": 10.0}]
     h.initialize()  # and it stays
     assert h.handler.scale == 10
+
+
+# ---------------------------------------------------------------------------- the recompile gate
+def test_check_includes_the_recompile_gate_for_a_compiled_model(tmp_path, request):
+    from conftest import MLP_MODEL_PY, eager_manifest, write_model_dir
+
+    # The test's id in the source: Dynamo remembers sizes per file content across models.
+    model_dir = write_model_dir(tmp_path / "mlp", f"{MLP_MODEL_PY}\n# {request.node.nodeid}\n")
+    config = {"batchSize": 4, "pt2": {"compile": {"enable": True, "backend": "eager"}}}
+    ctx = hk.MockContext(model_dir=model_dir, gpu_id=None, manifest=eager_manifest(), model_yaml_config=config)
+    report = hk.Harness(hk.BaseHandler, ctx).check([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]])
+    [problem] = [p for p in report.problems if p.check == "recompile"]
+    assert problem.severity == "warning" and "batch size 1, 4" in problem.message
+    assert "dynamic: true" in problem.fix
+    assert report.ok  # a warning, not a broken contract
+    assert "recompile gate: batch sizes 1, 2, 4 replayed under fail_on_recompile" in report.notes
+
+
+def test_check_of_an_uncompiled_handler_runs_no_gate(monkeypatch):
+    import pytest
+
+    from handlerkit.diagnostics import _compile_gate
+
+    monkeypatch.setattr(_compile_gate, "run_gate", lambda *args, **kwargs: pytest.fail("the gate ran"))
+    report = hk.Harness(Sum(), hk.MockContext(gpu_id=None)).check([[1.0, 2.0], [3.0]])
+    assert report.ok and not any("recompile" in n for n in report.notes)

@@ -181,6 +181,7 @@ def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float
                 report.problems.append(
                     Problem("status", f"response status {code!r} is not an HTTP status code", "use context.set_response_status(code, phrase, idx) with 100..599", "handle", i)
                 )
+        _recompile_gate(harness, batch, report)
         if not isinstance(full, list) or len(full) != len(batch):
             return report  # parity and encodings compare per-request items
         reason = _why_parity_cannot_be_judged(harness, batch, full, atol, rtol)
@@ -201,6 +202,19 @@ def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float
                 if message is not None:
                     report.problems.append(Problem("encoding", f"as {variant}: {message}", fix, "handle", i, severity="warning"))
     return report
+
+
+def _recompile_gate(harness: HarnessView, batch: Any, report: CheckReport) -> None:
+    """For a compiled model only (nothing runs otherwise): would the batch sizes production can
+    send recompile? (:mod:`handlerkit.diagnostics._compile_gate`)"""
+    from handlerkit.diagnostics._compile_gate import check_sizes, eager_model, gate_problems, run_gate
+
+    if eager_model(getattr(harness.handler, "model", None)) is None:
+        return
+    sizes = check_sizes(harness, batch)
+    results, _ = run_gate(harness, batch, sizes)
+    report.problems.extend(gate_problems(results))
+    report.notes.append(f"recompile gate: batch sizes {', '.join(map(str, sizes))} replayed under fail_on_recompile")
 
 
 def _why_parity_cannot_be_judged(harness: HarnessView, batch: Any, full: Any, atol: float, rtol: float) -> str | None:
