@@ -37,6 +37,8 @@ _EXPORTS = {
     "HandlerkitWarning": "handlerkit.errors",
     "RequestError": "handlerkit.errors",
     "Stepper": "handlerkit.widgets",
+    "show": "handlerkit.viz",
+    "summary": "handlerkit.viz",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from handlerkit.loading import resolve_handler
     from handlerkit.batches import Batch, batch
     from handlerkit.requests import Request
+    from handlerkit.viz import show, summary
     from handlerkit.widgets import Stepper
 
 

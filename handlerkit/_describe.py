@@ -5,10 +5,11 @@ tensor only once torch is imported."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TensorInfo", "describe", "tensor_infos"]
+__all__ = ["TensorInfo", "describe", "iter_tensors", "tensor_head", "tensor_infos"]
 
 
 @dataclass(frozen=True)
@@ -21,39 +22,61 @@ class TensorInfo:
     device: str
 
 
-def tensor_infos(value: Any, path: str = "", limit: int = 64) -> list[TensorInfo]:
-    """The tensors inside a (nested) value, by path: ``[0]["boxes"]`` ..."""
+def iter_tensors(value: Any, path: str = "", limit: int = 64) -> Iterator[tuple[str, Any]]:
+    """``(path, tensor)`` for the tensors inside a (nested) value: ``[0]["boxes"]``, ``.scores``
+    (a NamedTuple's field) ...; a bare tensor's path is ``"<value>"``. At most ``limit`` tensors, six levels deep."""
     if "torch" not in sys.modules:
-        return []
+        return
     import torch
 
-    found: list[TensorInfo] = []
+    found = 0
 
-    def walk(v: Any, p: str, depth: int) -> None:
-        if len(found) >= limit or depth > 6:
+    def walk(v: Any, p: str, depth: int) -> Iterator[tuple[str, Any]]:
+        nonlocal found
+        if found >= limit or depth > 6:
             return
         if isinstance(v, torch.Tensor):
-            found.append(TensorInfo(p or "<value>", tuple(v.shape), str(v.dtype).replace("torch.", ""), str(v.device)))
+            found += 1
+            yield p or "<value>", v
         elif isinstance(v, dict):
             for k, item in v.items():
-                walk(item, f"{p}[{k!r}]", depth + 1)
+                yield from walk(item, f"{p}[{k!r}]", depth + 1)
         elif isinstance(v, (list, tuple)):
+            names = getattr(v, "_fields", None)  # a NamedTuple: by field name
             for i, item in enumerate(v[:limit]):
-                walk(item, f"{p}[{i}]", depth + 1)
+                yield from walk(item, f"{p}.{names[i]}" if names else f"{p}[{i}]", depth + 1)
 
-    walk(value, path, 0)
-    return found
+    yield from walk(value, path, 0)
 
 
-def describe(value: Any) -> str:
+def dtype_name(dtype: Any) -> str:
+    """``torch.float32`` → ``"float32"``."""
+    return str(dtype).replace("torch.", "")
+
+
+def tensor_head(t: Any) -> str:
+    """``Tensor[2, 3] float32 cpu``: the start of every line that names a tensor."""
+    if t.is_nested:  # a nested tensor has no single shape
+        return f"NestedTensor[{t.size(0)} tensors] {dtype_name(t.dtype)} {t.device}"
+    return f"Tensor{list(t.shape)} {dtype_name(t.dtype)} {t.device}"
+
+
+def tensor_infos(value: Any, path: str = "", limit: int = 64) -> list[TensorInfo]:
+    """The tensors inside a (nested) value, by path: ``[0]["boxes"]`` ..."""
+    return [
+        TensorInfo(p, () if t.is_nested else tuple(t.shape), dtype_name(t.dtype), str(t.device))
+        for p, t in iter_tensors(value, path, limit)
+    ]
+
+
+def describe(value: Any, _depth: int = 0) -> str:
     """A short type/shape description of a stage value: ``Tensor[2, 3] float32 cpu``,
-    ``list[2] of dict(3 keys)``."""
-    infos = tensor_infos(value, limit=2)
-    if infos and infos[0].path == "<value>":
-        i = infos[0]
-        return f"Tensor{list(i.shape)} {i.dtype} {i.device}"
+    ``list[2] of dict(3 keys)`` (four levels deep at most)."""
+    first = next(iter_tensors(value, limit=1), None)
+    if first is not None and first[0] == "<value>":
+        return tensor_head(first[1])
     if isinstance(value, (list, tuple)):
-        inner = describe(value[0]) if value else ""
+        inner = (describe(value[0], _depth + 1) if _depth < 4 else "...") if value else ""
         return f"{type(value).__name__}[{len(value)}]" + (f" of {inner}" if inner else "")
     if isinstance(value, dict):
         return f"dict({len(value)} keys)"

@@ -10,8 +10,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlerkit._describe import TensorInfo, describe, tensor_infos
+from handlerkit._describe import TensorInfo, describe, iter_tensors, tensor_infos
 from handlerkit._render import Rendered, Table
+from handlerkit._summary import tensor_summary
 from handlerkit._text import format_bytes
 from handlerkit.errors import StageError
 
@@ -108,9 +109,8 @@ class StageResult(Rendered):
             rows.append(("peak memory (CPU, above start)", format_bytes(self.cpu_peak_delta_bytes)))
         if self.cuda_peak_bytes is not None:
             rows.append(("peak memory (CUDA)", format_bytes(self.cuda_peak_bytes)))
-        rows.append(("output", describe(self.output)))
-        for t in self.tensors[:8]:
-            rows.append((f"tensor {t.path}", f"{list(t.shape)} {t.dtype} on {t.device}"))
+        rows += _value_rows("output", self.output, limit=8)
+        rows += _value_rows("input", self.input, limit=4, only_tensors=True)
         for w in self.warnings[:5]:
             rows.append(("warning", f"{w.category.__name__}: {w.message}"))
         for entry in self.logs[:5]:
@@ -166,10 +166,16 @@ class Run(Rendered):
         return f"Run of {self.batch_size} request(s), {self.total_ms:.2f} ms{verdict}"
 
     def _tables(self) -> list[Table]:
-        rows = [
-            [name, r.calls, round(r.wall_ms, 3), describe(r.output)] for name, r in self.stages.items()
-        ]
+        rows, inner = [], []
+        for name, r in self.stages.items():
+            tensors = list(iter_tensors(r.output, limit=9))
+            bare = len(tensors) == 1 and tensors[0][0] == "<value>"
+            rows.append([name, r.calls, round(r.wall_ms, 3), tensor_summary(r.output) if bare else describe(r.output)])
+            if not bare:
+                inner += [[name, f"output{path}", tensor_summary(t)] for path, t in tensors[:8]]
         tables = [Table(("stage", "calls", "wall ms", "output"), rows)]
+        if inner:
+            tables.append(Table(("stage", "tensor", "summary"), inner, "tensors in the outputs"))
         problems = self.problems
         if problems:
             problem_rows = [
@@ -178,3 +184,13 @@ class Run(Rendered):
             ]
             tables.append(Table(("severity", "stage", "request", "problem", "fix"), problem_rows, "contract problems"))
         return tables
+
+
+def _value_rows(label: str, value: Any, *, limit: int, only_tensors: bool = False) -> list[tuple[str, str]]:
+    """Table rows for a stage value: a tensor's one-line summary, or the value's description
+    followed by a summary row per tensor inside it (``output[0]['boxes']``)."""
+    tensors = list(iter_tensors(value, limit=limit))
+    if len(tensors) == 1 and tensors[0][0] == "<value>":
+        return [(label, tensor_summary(value))]
+    rows = [] if only_tensors and not tensors else [(label, describe(value))]
+    return rows + [(f"{label}{path}", tensor_summary(t)) for path, t in tensors]

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "handlerkit._optional": 1,
     "handlerkit._validate": 1,
     "handlerkit._progress": 1,
+    "handlerkit._summary": 1,
     # 2. the TorchServe model
     "handlerkit.devices": 2,
     "handlerkit.timer": 2,
@@ -70,6 +71,10 @@ LAYERS: dict[str, int] = {
     # 7. front ends
     "handlerkit.cli": 7,
     "handlerkit.viz": 7,
+    "handlerkit._viz_handler": 7,
+    "handlerkit._viz_prepare": 7,
+    "handlerkit._viz_overlay": 7,
+    "handlerkit._viz_draw": 7,
     "handlerkit.widgets": 7,
     "handlerkit._widgets_panes": 7,
     "handlerkit.pytest_plugin": 7,

@@ -1,0 +1,173 @@
+"""Panels → a matplotlib ``Figure`` (the drawing side of ``hk.show``).
+
+Figures are made with ``matplotlib.figure.Figure``, not pyplot, so nothing is registered with
+pyplot's figure manager and nothing is shown behind the caller's back; the style is set in an
+``rc_context`` and never changes the user's global settings. Panels arrive validated and
+bounded, and every text from the user's data is escaped (a ``$`` would start mathtext), so
+matplotlib never sees something it cannot draw.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from handlerkit._viz_prepare import Panel
+
+__all__ = ["figure", "STYLE"]
+
+#: The house style, applied while a figure is built (fonts small enough for tables of labels).
+STYLE: dict[str, Any] = {
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "figure.titlesize": 9,
+    "image.interpolation": "antialiased",
+}
+MAX_COLUMNS = 3
+
+
+def _t(text: str) -> str:
+    """User text made literal for matplotlib (no mathtext)."""
+    return str(text).replace("$", r"\$")
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.fill(line, width) or line for line in str(text).splitlines())
+
+
+def figure(panels: Sequence[Panel], title: str | None = None) -> Any:
+    """One figure holding `panels`, at most three a row, under `title`."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    columns = min(len(panels), MAX_COLUMNS)
+    rows = [list(panels[i:i + columns]) for i in range(0, len(panels), columns)]
+    widths = [max(row[c].size[0] for row in rows if c < len(row)) for c in range(columns)]
+    heights = [max(p.size[1] for p in row) for row in rows]
+    extra = 0.35 if title else 0.0
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(sum(widths), sum(heights) + extra), layout="constrained")
+        if title:
+            fig.suptitle(_t(_wrap(title, 30 * columns + 20)), fontsize=10, fontweight="bold")
+        if len(panels) == 1 and not title:
+            _draw(panels[0], fig)
+        else:  # a panel in a subfigure keeps its own title under the figure's
+            subfigs = fig.subfigures(len(rows), columns, squeeze=False, width_ratios=widths, height_ratios=heights)
+            for r, row in enumerate(rows):
+                for c in range(columns):
+                    if c < len(row):
+                        _draw(row[c], subfigs[r][c])
+    return fig
+
+
+def _draw(panel: Panel, where: Any) -> None:
+    width = max(30, int(panel.size[0] * 11))
+    where.suptitle(_t(_wrap(panel.title, width)), fontsize=9)
+    if panel.notes:
+        where.supxlabel(_t(_wrap("; ".join(panel.notes), int(width * 1.3))), fontsize=7, color="0.35")
+    _KINDS[panel.kind](panel.data, where)
+
+
+def _card(data: dict[str, Any], where: Any) -> None:
+    ax = where.add_subplot()
+    ax.axis("off")
+    lines = [wrapped for line in data["lines"]
+             for wrapped in textwrap.wrap(str(line), 100, subsequent_indent="    ") or [""]]
+    ax.text(0.0, 1.0, _t("\n".join(lines[:30])), family="monospace", fontsize=7, va="top", ha="left",
+            transform=ax.transAxes)
+
+
+def _image(data: dict[str, Any], where: Any) -> None:
+    ax = where.add_subplot()
+    ax.imshow(data["grid"])
+    ax.axis("off")
+    legend = data.get("legend")
+    if legend:
+        from matplotlib.patches import Patch
+
+        handles = [Patch(facecolor=colour, label=_t(label)) for label, colour in legend]
+        where.legend(handles=handles, loc="outside right upper", frameon=False)
+
+
+def _features(data: dict[str, Any], where: Any) -> None:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+    ax = where.add_subplot()
+    ax.imshow(data["grid"], cmap=cmap, vmin=0.0, vmax=1.0)
+    ax.axis("off")
+
+
+def _heatmap(data: dict[str, Any], where: Any) -> None:
+    import numpy as np
+
+    values = data["values"]
+    finite = values[np.isfinite(values)]
+    ax = where.add_subplot()
+    shown = np.where(np.isfinite(values), values, np.nan)
+    rows, cols = data.get("shape", values.shape)
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    image = ax.imshow(shown, cmap="viridis", aspect="auto", interpolation="nearest", vmin=low, vmax=high,
+                      extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))  # the tensor's indices, not the subsample's
+    where.colorbar(image, ax=ax)
+    ax.set_xlabel("column")
+    ax.set_ylabel("row")
+
+
+def _histogram(data: dict[str, Any], where: Any) -> None:
+    ax = where.add_subplot()
+    ax.stairs(data["counts"], data["edges"], fill=True, color="#1f77b4", alpha=0.85)
+    ax.set_xlabel("value")
+    ax.set_ylabel("count")
+
+
+def _bars(data: dict[str, Any], where: Any) -> None:
+    samples = data["samples"]
+    axes = where.subplots(len(samples), 1, squeeze=False)[:, 0]
+    unit = data.get("unit", False)
+    for i, (ax, (labels, values)) in enumerate(zip(axes, samples)):
+        values = [v if math.isfinite(v) else 0.0 for v in values]
+        positions = list(range(len(values)))
+        ax.barh(positions, values, color="#1f77b4", height=0.7)
+        ax.set_yticks(positions, [_t(label[:24]) for label in labels])
+        ax.invert_yaxis()
+        if unit:
+            ax.set_xlim(0.0, 1.2)
+            ax.set_xticks([0.0, 0.25, 0.5, 0.75, 1.0])
+        else:
+            top = max([abs(v) for v in values] or [1.0]) or 1.0
+            ax.set_xlim(min(0.0, min(values, default=0.0)) * 1.3, max(0.0, max(values, default=0.0)) + top * 0.3)
+        for y, v in zip(positions, values):
+            ax.text(max(v, 0.0), y, f" {v:.3f}" if unit else f" {v:.4g}", va="center", ha="left", fontsize=7)
+        if len(samples) > 1:
+            ax.set_title(f"[{i}]", loc="left", fontsize=7)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[-1].set_xlabel(_t(data.get("xlabel", "")))
+
+
+def _table(data: dict[str, Any], where: Any) -> None:
+    ax = where.add_subplot()
+    ax.axis("off")
+    cells = [[_t(c) for c in row] for row in data["cells"]]
+    table = ax.table(cellText=cells, rowLabels=data["rows"], loc="center", cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(7)
+
+
+_KINDS = {
+    "card": _card,
+    "images": _image,
+    "overlay": _image,
+    "features": _features,
+    "heatmap": _heatmap,
+    "histogram": _histogram,
+    "bars": _bars,
+    "table": _table,
+}
