@@ -21,9 +21,6 @@ from typing import Any
 
 import pytest
 
-# No progress bars in the test log or in the notebooks' outputs (the nbval kernels inherit this).
-os.environ.setdefault("HANDLERKIT_PROGRESS", "0")
-
 # ---------------------------------------------------------------------------------------------
 # Model sources (written as model.py into model dirs)
 # ---------------------------------------------------------------------------------------------
