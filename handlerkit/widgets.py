@@ -229,6 +229,12 @@ class Stepper:
             return h.run(self._batch)
         return getattr(h, stage)()
 
+    def text(self, stage: str) -> str:
+        """What the stage's pane shows, as text (its result or error and fix, logs, warnings)."""
+        if stage not in self.outputs:
+            raise ValueError(f"no {stage!r} pane; the stages are {', '.join(self.stages)}")
+        return panes.output_text(self.outputs[stage].outputs)
+
     def run_all(self) -> None:
         """Initialize when it has not succeeded, then every stage in order; stop at a failure."""
         for stage in self.stages:

@@ -40,7 +40,9 @@ def image(name: str) -> hk.Request:
 
 
 def pane(stepper: Stepper, stage: str) -> str:
-    return output_text(stepper.outputs[stage].outputs)
+    text = stepper.text(stage)
+    assert text == output_text(stepper.outputs[stage].outputs)
+    return text
 
 
 def enabled(stepper: Stepper) -> dict[str, bool]:
@@ -331,3 +333,9 @@ def test_timing_bars_scale_to_the_slowest_stage():
     assert "width:55px" in markup and "width:220px" in markup
     assert "40.00 ms (failed)" in markup
     assert "no stage has run yet" in timing_html({})
+
+
+def test_text_names_the_panes_it_has():
+    stepper = Stepper(harness(), hk.batch(image("circle.png")), pictures=False)
+    with pytest.raises(ValueError, match="no 'explain' pane; the stages are initialize, preprocess"):
+        stepper.text("explain")
