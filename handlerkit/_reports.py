@@ -39,11 +39,12 @@ class Reports:
 
         return build_device_report(self)
 
-    def check(self, batch_or_data: Any, *, atol: float = 1e-4, rtol: float = 1e-4) -> Any:
-        """Contract checks: output shape/type, statuses, batch parity, request encodings."""
+    def check(self, batch_or_data: Any, *, atol: float = 1e-4, rtol: float = 1e-4, progress: bool | None = None) -> Any:
+        """Contract checks: output shape/type, statuses, batch parity, request encodings, and for
+        a compiled model the recompile gate."""
         from handlerkit.diagnostics.checks import run_checks
 
-        return run_checks(self, Batch.coerce(batch_or_data), atol=atol, rtol=rtol)
+        return run_checks(self, Batch.coerce(batch_or_data), atol=atol, rtol=rtol, progress=progress)
 
     def compile_report(self, batch_or_data: Any, *, batch_sizes: Sequence[int] | None = None, repeat: int = 10,
                        warmup: int = 1, progress: bool | None = None) -> Any:

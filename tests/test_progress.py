@@ -93,3 +93,11 @@ def test_time_and_sweep_draw_one_bar_each(capsys):
     assert "sweep ImageClassifier: batch 2" in err and "/4" in err
     h.time(batch, warmup=0, repeat=2)  # the suite sets HANDLERKIT_PROGRESS=0
     assert capsys.readouterr().err == ""
+
+
+def test_check_draws_one_bar_over_its_phases(capsys):
+    h = hk.Harness("image_classifier", hk.MockContext.from_model_dir(FIXTURES / "models" / "image_classifier"))
+    report = h.check(hk.batch(hk.Request.from_file(FIXTURES / "images" / "circle.png")), progress=True)
+    assert report.ok
+    err = capsys.readouterr().err
+    assert "check ImageClassifier: the batch:   0%" in err and "0/4" in err

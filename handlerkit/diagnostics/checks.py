@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit.contract import Problem, check_output
 from handlerkit.diagnostics._view import HarnessView
@@ -163,14 +164,24 @@ def _first_line(error: StageError) -> str:
     return error.message.splitlines()[0]
 
 
-def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float = 1e-4) -> CheckReport:
-    """Run the batch, then each request alone and in other encodings, and compare."""
+def run_checks(
+    harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float = 1e-4, progress: bool | None = None
+) -> CheckReport:
+    """Run the batch, then each request alone and in other encodings, and compare.
+
+    ``progress``: one bar over the phases (the batch, the gate, parity, encodings)."""
+    with Bar(4, f"check {harness.name}: the batch", progress) as shown:
+        return _run_checks(harness, batch, atol, rtol, shown)
+
+
+def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, shown: Bar) -> CheckReport:
     from handlerkit.batches import Batch
 
     report = CheckReport(handler=harness.name, batch_size=len(batch))
     with harness.preserved(), _rng_states(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         full, error = _run_output(harness, batch)
+        shown.update()
         if error is not None:
             report.problems.append(Problem("runs", _first_line(error), error.fix or "", error.stage, error.request_index))
             return report
@@ -181,7 +192,9 @@ def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float
                 report.problems.append(
                     Problem("status", f"response status {code!r} is not an HTTP status code", "use context.set_response_status(code, phrase, idx) with 100..599", "handle", i)
                 )
+        shown.set_description(f"check {harness.name}: recompile gate")
         _recompile_gate(harness, batch, report)
+        shown.update()
         if not isinstance(full, list) or len(full) != len(batch):
             return report  # parity and encodings compare per-request items
         reason = _why_parity_cannot_be_judged(harness, batch, full, atol, rtol)
@@ -190,7 +203,10 @@ def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float
             report.notes.append(f"batch parity and encodings not judged: {reason}")
             report.parity = [(i, f"cannot judge: {reason}") for i in range(len(parts))]
             return report
+        shown.set_description(f"check {harness.name}: each request alone")
         singles = _parity(harness, parts, full, report, atol, rtol)
+        shown.update()
+        shown.set_description(f"check {harness.name}: other encodings")
         for i, part in enumerate(parts):
             baseline = singles[i]
             if baseline is None:
@@ -201,6 +217,7 @@ def run_checks(harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float
                 report.encodings.append((i, variant, outcome))
                 if message is not None:
                     report.problems.append(Problem("encoding", f"as {variant}: {message}", fix, "handle", i, severity="warning"))
+        shown.update()
     return report
 
 
