@@ -11,7 +11,6 @@ import importlib.util
 import io
 import json
 import math
-import os
 import struct
 import zlib
 from collections.abc import Iterator
