@@ -139,7 +139,12 @@ def handler_files(handler: Any) -> frozenset[str]:
         if vars(owner).get("__handlerkit_spied__"):
             continue  # the harness's own subclass: its methods only pass calls on
         for member in vars(owner).values():
-            code = getattr(getattr(member, "__func__", member), "__code__", None)
+            func = getattr(member, "__func__", member)
+            try:
+                func = inspect.unwrap(func)  # a decorated method's code is the decorated function's
+            except ValueError:  # a __wrapped__ cycle
+                pass
+            code = getattr(func, "__code__", None)
             if code is not None:
                 files.add(os.path.abspath(code.co_filename))
     return frozenset(files)

@@ -20,7 +20,6 @@ from torchvision import transforms
 from torchvision.ops import masks_to_boxes
 
 from fixtures.builder import build, inputs, spec
-from fixtures.builder import text as text_fixture
 from fixtures.builder.shapes import CLASSES, make_shape_image, make_shapes_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +128,7 @@ def test_small_files_match_the_builder():
     assert (MODEL_DIR / "model-config.yaml").read_text() == spec.MODEL_CONFIG
     assert (MODEL_DIR / "index_to_name.json").read_text() == spec.index_to_name_json()
     assert (MODEL_DIR / "MAR-INF" / "MANIFEST.json").read_text() == spec.manifest_json()
-    assert (FIXTURES / "README.md").read_text() == spec.readme() + text_fixture.readme_section()
+    assert (FIXTURES / "README.md").read_text() == build.readme_text()
     images = inputs.sample_images()
     for name, data in images.items():
         assert (FIXTURES / "images" / name).read_bytes() == data, name

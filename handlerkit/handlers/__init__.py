@@ -12,6 +12,8 @@ _EXPORTS = {
     "BaseHandler": "handlerkit.handlers.base",
     "VisionHandler": "handlerkit.handlers.vision",
     "ImageClassifier": "handlerkit.handlers.image_classifier",
+    "ImageSegmenter": "handlerkit.handlers.image_segmenter",
+    "ObjectDetector": "handlerkit.handlers.object_detector",
     "TextHandler": "handlerkit.handlers.text",
     "TextClassifier": "handlerkit.handlers.text_classifier",
 }

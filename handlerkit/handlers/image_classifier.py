@@ -1,4 +1,4 @@
-"""The built-in ``image_classifier`` handler: TorchServe's ImageClassifier, top-k capped."""
+"""The built-in ``image_classifier`` handler: TorchServe's ImageClassifier, top-k capped, faster."""
 
 from __future__ import annotations
 
@@ -7,39 +7,29 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from handlerkit.handlers._pipeline import IMAGENET_MEAN, IMAGENET_STD, ResizeCropNormalize
 from handlerkit.handlers.base import timed
 from handlerkit.handlers.vision import VisionHandler
 
 __all__ = ["ImageClassifier"]
 
 
-def _imagenet_transform() -> Any:
-    from torchvision import transforms
-
-    return transforms.Compose(
-        [
-            transforms.Resize(256),
-            transforms.CenterCrop(224),
-            transforms.ToTensor(),
-            transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-        ]
-    )
-
-
 class ImageClassifier(VisionHandler):
     """Image in, ``{label: probability}`` for the top-k classes out (one dict per request).
 
-    The preprocessing is TorchServe's (Resize 256, CenterCrop 224, ImageNet normalisation).
-    ``topk`` is 5 as in TorchServe, or ``handler: {topk: N}`` in model-config.yaml, and is
-    capped at the number of classes (TorchServe's fails on models with fewer than 5).
+    The preprocessing is TorchServe's (Resize 256, CenterCrop 224, ImageNet normalisation),
+    computed the fast way (:class:`~handlerkit.handlers._pipeline.ResizeCropNormalize`: images
+    decoded in parallel, large ones resized by torch's uint8 kernel, one normalisation per
+    batch): the same tensors but for a ±1 on a few pixels of downscaled images, about twice as
+    fast. ``topk`` is 5 as in TorchServe, or ``handler: {topk: N}`` in model-config.yaml,
+    and is capped at the number of classes (TorchServe's fails on models with fewer than 5).
+    A request that cannot be read gets ``{"code", "error", "fix"}`` and a 4xx status; the
+    others their top-k.
     """
 
     topk = 5
     check_label_map_width = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.image_processing = _imagenet_transform()
+    image_processing = ResizeCropNormalize(resize=256, crop=(224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     def initialize(self, context: Any) -> None:
         super().initialize(context)  # validates handler.topk with the rest of the config
@@ -54,12 +44,15 @@ class ImageClassifier(VisionHandler):
         return self.topk
 
     @timed
-    def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
+    def postprocess(self, data: torch.Tensor) -> list[dict[str, Any]]:
+        """Top-k ``{label: probability}`` per readable request, error items for the others."""
+        if data.shape[0] == 0:  # no request was readable: inference passed the empty batch through
+            return self.with_request_errors([])
         probs = F.softmax(data, dim=1)
         k = min(self.topk, probs.shape[1])
         top_probs, top_classes = torch.topk(probs, k, dim=1)
         mapping = self.mapping
-        return [
+        return self.with_request_errors([
             {(mapping[str(c)] if mapping is not None else str(c)): p for c, p in zip(classes, ps)}
             for classes, ps in zip(top_classes.tolist(), top_probs.tolist())
-        ]
+        ])

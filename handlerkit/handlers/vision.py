@@ -1,39 +1,49 @@
-"""VisionHandler: TorchServe's image request formats, decoded with request-level errors."""
+"""VisionHandler: TorchServe's image request formats, decoded in parallel, one bad request at a time.
+
+What a request may hold, as in TorchServe: image bytes (``bytes``/``bytearray``), a base64
+``str`` of them, or a (JSON) nested list of floats already shaped like the model input; and,
+where no HTTP is involved (``Request.from_data``), a tensor or a PIL image.
+
+Unlike TorchServe's VisionHandler:
+
+* **one bad request fails alone**: a request that cannot be read (empty, not an image, corrupt,
+  truncated, too many pixels, base64 that is not, a list of the wrong shape) gets an error item
+  ``{"code", "error", "fix"}`` and a 4xx status through ``context.set_response_status``, and
+  the others are answered (TorchServe's fails the whole batch);
+* ``limit_max_image_pixels`` refuses an image of more than ``PIL.Image.MAX_IMAGE_PIXELS``
+  pixels from its header, before decoding it, with 413 (PIL itself only warns up to twice that);
+* images in other modes (grayscale, palette, 16-bit, CMYK, with alpha) are converted to
+  ``image_mode`` first: 16-bit scaled to 8 bits, transparency composited over
+  ``alpha_background`` (TorchServe's transforms fail on them with a tensor shape error);
+* images are decoded by PIL (never ``torchvision.io``, which can crash the process on a
+  malformed PNG) in ``decode_threads`` threads, and when ``image_processing`` is TorchServe's
+  Resize → CenterCrop → ToTensor → Normalize (a :class:`ResizeCropNormalize`, or that torchvision
+  ``Compose``), it runs the fast way (:mod:`handlerkit.handlers._pipeline`).
+
+``handler:`` keys read from model-config.yaml: ``decode_threads`` (default: ``torch.get_num_threads()``)
+and ``jpeg_draft`` (default false: reduced-size JPEG decoding, faster, changes pixels).
+"""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import contextlib
-import io
-from collections.abc import Iterator
+import concurrent.futures
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from handlerkit._optional import require
-from handlerkit.errors import RequestError
-from handlerkit.handlers.base import BaseHandler, timed
+from handlerkit.errors import ConfigError, RequestError
+from handlerkit.handlers._decode import STATUS_PHRASES, convert_mode, image_bytes, load_image, open_image
+from handlerkit.handlers._pipeline import ResizeCropNormalize, pipeline_from
+from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
+from handlerkit.handlers.text import error_item
 from handlerkit.requests import payload as request_payload
 
-__all__ = ["VisionHandler", "decode_image"]
-
-
-@contextlib.contextmanager
-def _pixel_limit(limited: bool) -> Iterator[None]:
-    """TorchServe sets ``Image.MAX_IMAGE_PIXELS = None`` for the whole process when the
-    server's ``limit_max_image_pixels`` is false; here the limit is lifted for one decode."""
-    from PIL import Image
-
-    if limited:
-        yield
-        return
-    old = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = old
+__all__ = ["ResizeCropNormalize", "VisionHandler", "decode_image"]
 
 
 def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
@@ -42,99 +52,261 @@ def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
     Raises:
         RequestError: naming the request index, what came and how to fix it.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    if isinstance(payload, str):
-        try:
-            # Whitespace is dropped first: base64 tools wrap lines (TorchServe's decoder skips it too).
-            payload = base64.b64decode("".join(payload.split()), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise RequestError(
-                f"request {index}: the body is a str that is not base64 ({exc})",
-                index,
-                fix="send the image bytes with a binary content type, or base64-encode them",
-            ) from exc
-    try:
-        with _pixel_limit(limit_pixels):
-            image = Image.open(io.BytesIO(payload))
-            image.load()  # decode now, so a truncated file fails here and not in a transform
-    except Image.DecompressionBombError as exc:
-        raise RequestError(
-            f"request {index}: {exc}",
-            index,
-            fix="send a smaller image, or set limit_max_image_pixels=False on the server "
-            "(MockContext(limit_max_image_pixels=False)) if you trust the source",
-        ) from exc
-    except UnidentifiedImageError as exc:
-        raise RequestError(
-            f"request {index}: the {len(payload)}-byte body is not an image PIL can read",
-            index,
-            fix="send a PNG/JPEG file as the request body",
-        ) from exc
-    except (OSError, SyntaxError) as exc:
-        raise RequestError(
-            f"request {index}: the image is corrupt or truncated ({exc})",
-            index,
-            fix="send the complete image file",
-        ) from exc
-    return image
+    image = open_image(image_bytes(payload, index), index, limit_pixels=limit_pixels)
+    return load_image(image, index)
 
 
 class VisionHandler(BaseHandler):
     """Base of the image handlers: each request's ``data`` or ``body`` is an image.
 
-    Accepted per request, as in TorchServe: image bytes (``bytearray``/``bytes``), a base64
-    ``str`` of them, or a nested list of floats already shaped like the model input.
-    Subclasses set ``image_processing`` (a callable PIL image → tensor). Images in another
-    mode (grayscale, palette, RGBA, CMYK, 16-bit) are converted to ``image_mode`` first;
-    TorchServe's VisionHandler does not, so its transforms fail on them with a tensor shape
-    error. Set ``image_mode = None`` to get images as decoded.
+    Hooks for subclasses (TorchServe's names first):
+
+    * ``image_processing``: a PIL image → tensor callable, run per image; TorchServe's
+      Resize/CenterCrop/ToTensor/Normalize ``Compose`` (or a :class:`ResizeCropNormalize`)
+      runs batched instead (:func:`~handlerkit.handlers._pipeline.pipeline_from`);
+    * ``image_mode`` (``"RGB"``): the mode images are converted to; None keeps them as decoded;
+    * ``alpha_background`` (white): what transparent pixels are composited over; None drops alpha;
+    * ``decode_threads`` / ``jpeg_draft``: see the module docstring;
+    * :attr:`request_errors` (index → :class:`RequestError`) after :meth:`preprocess`, which
+      returns the tensor of the readable requests only; :meth:`with_request_errors` puts the
+      error items back among a postprocess's answers (a subclass's ``postprocess`` and
+      ``explain_handle`` are wrapped so that it happens even when they answer one item per
+      tensor row, as TorchServe's do; putting them back twice changes nothing);
+      :meth:`fail_request` records one more.
+
+    When no request of a batch is readable, ``inference`` passes the empty (0-row) tensor
+    through without calling the model, so ``postprocess`` must accept a 0-row input.
     """
 
     image_processing: Any = None
     image_mode: str | None = "RGB"
+    alpha_background: tuple[int, int, int] | None = (255, 255, 255)
+    decode_threads: int | None = None
+    jpeg_draft: bool = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.request_errors: dict[int, RequestError] = {}
+        self._batch_size = 0
+        self._batch_ids: Any = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_size = 0
+        self._executor_pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the decode threads behind (they make their own on first use)."""
+        state = self.__dict__.copy()
+        state.update(_executor=None, _executor_size=0, _executor_pid=0)
+        return state
 
     def initialize(self, context: Any) -> None:
         super().initialize(context)
         self.ig = None  # captum's IntegratedGradients, made on the first explanation
 
+    def _initialize(self, context: Any, decisions: HandlerDecisions) -> None:
+        super()._initialize(context, decisions)
+        cls = type(self)
+        threads = self.settings.get("decode_threads", cls.decode_threads)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ConfigError(f"handler.decode_threads must be a positive integer, got {threads!r}",
+                              fix="write e.g. decode_threads: 2, or leave it out for torch.get_num_threads()")
+        draft = self.settings.get("jpeg_draft", cls.jpeg_draft)
+        if not isinstance(draft, bool):
+            raise ConfigError(f"handler.jpeg_draft must be true or false, got {draft!r}", fix="write jpeg_draft: true")
+        self.decode_threads, self.jpeg_draft = threads, draft
+        if draft:
+            decisions.notes.append("jpeg_draft: JPEGs are decoded at reduced size where the resize allows "
+                                   "(faster; pixels differ from TorchServe's)")
+
     def _limit_pixels(self) -> bool:
         properties = getattr(self.context, "system_properties", None) or {}
         return properties.get("limit_max_image_pixels", True) is not False
 
+    # -------------------------------------------------------------- per-request errors
+    def fail_request(self, index: int, error: RequestError) -> None:
+        """Record request ``index``'s error and set its status (``context.set_response_status``);
+        for preprocess, before the request reaches the model."""
+        self.request_errors[index] = error
+        context = self.context
+        if context is not None and hasattr(context, "set_response_status"):
+            context.set_response_status(error.error_code, STATUS_PHRASES.get(error.error_code, "Bad Request"), index)
+
+    def with_request_errors(self, items: Any) -> Any:
+        """``items``, one per readable request, with each failed request's error item put back
+        at its index; anything else (already one per request, not a list) is returned as is."""
+        errors = getattr(self, "request_errors", None)
+        if not errors or not isinstance(items, list):
+            return items
+        if self._batch_ids is not None and self._batch_ids != _request_ids(self.context):
+            return items  # recorded for another batch (a preprocess that never called ours ran since)
+        n = self._batch_size
+        if len(items) != n - len(errors):
+            return items
+        answers = iter(items)
+        return [error_item(errors[i]) if i in errors else next(answers) for i in range(n)]
+
+    def _begin_batch(self, data: Any) -> None:
+        self.request_errors = {}
+        self._batch_size = len(data) if isinstance(data, (list, tuple)) else 0
+        self._batch_ids = _request_ids(self.context)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``postprocess`` and ``explain_handle`` get the error items put back,
+        so a handler written for TorchServe's VisionHandler (one answer per tensor row)
+        isolates bad requests too. ``handle`` is left alone: it stays TorchServe's, running the
+        stages (the harness steps through them). The wrapper keeps the original as
+        ``__wrapped__``, so error locations still lead to the subclass's file."""
+        super().__init_subclass__(**kwargs)
+        if vars(cls).get("__handlerkit_spied__"):  # the harness's pass-through subclass
+            return
+        for name in ("postprocess", "explain_handle"):
+            method = vars(cls).get(name)
+            if callable(method) and not getattr(method, "_puts_errors_back", False):
+                setattr(cls, name, _puts_errors_back(method))
+
+    # -------------------------------------------------------------- the batch
+    def _pool(self, jobs: int) -> concurrent.futures.ThreadPoolExecutor | None:
+        threads = min(self.decode_threads or torch.get_num_threads(), jobs)
+        if threads < 2:
+            return None
+        executor = getattr(self, "_executor", None)  # None too where a subclass skipped __init__
+        # A forked child inherits the executor but not its threads: it makes its own.
+        if executor is None or self._executor_size < threads or self._executor_pid != os.getpid():
+            if executor is not None and self._executor_pid == os.getpid():
+                executor.shutdown(wait=False)
+            self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="handlerkit-decode")
+            self._executor_size, self._executor_pid = threads, os.getpid()
+        return self._executor
+
+    def _map(self, work: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]:
+        """``work(job)`` for each job, in order, on the decode threads; a RequestError is
+        returned in place of its result, anything else raised is raised here."""
+
+        def guarded(job: Any) -> Any:
+            try:
+                return work(job)
+            except RequestError as exc:
+                return exc
+
+        pool = self._pool(len(jobs))
+        if pool is None:
+            return [guarded(job) for job in jobs]
+        return list(pool.map(guarded, jobs))
+
+    def _pipeline(self) -> ResizeCropNormalize | None:
+        if self.image_mode != "RGB":
+            return None
+        pipeline = pipeline_from(self.image_processing)
+        return pipeline.with_draft(self.jpeg_draft) if pipeline is not None else None
+
     @timed
     def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor:
-        images = []
+        """The readable requests' images as one batch tensor; the others get their error
+        (:attr:`request_errors`) and a 4xx status here."""
+        self._begin_batch(data)
+        pipeline = self._pipeline()
+        limit = self._limit_pixels()
+        opened: list[tuple[int, Any, tuple[int, int]]] = []
+        lists: dict[int, Any] = {}
         for index, row in enumerate(data):
-            payload = request_payload(row)
-            if payload is None or (isinstance(payload, (bytes, bytearray, str)) and not payload):
-                what = f"got {list(row)}" if isinstance(row, dict) else f"got a {type(row).__name__}"
-                empty = "an empty body" if payload is not None else f"no image under 'data' or 'body' ({what})"
-                raise RequestError(
-                    f"request {index}: {empty}",
-                    index,
-                    fix="send the image as the request body or as a form field named 'data'",
-                )
-            if isinstance(payload, (bytes, bytearray, str)):
-                image = decode_image(payload, index, limit_pixels=self._limit_pixels())
-                if self.image_mode is not None and image.mode != self.image_mode:
-                    image = image.convert(self.image_mode)
-                images.append(self.image_processing(image))
-            elif isinstance(payload, list):
-                images.append(torch.as_tensor(payload, dtype=torch.float32))
+            try:
+                payload = request_payload(row)
+                if payload is None:
+                    got = f"got {sorted(row)}" if isinstance(row, dict) else f"got a {type(row).__name__}"
+                    raise RequestError(f"request {index}: no image under 'data' or 'body' ({got})", index,
+                                       fix="send the image as the request body or as a form field named 'data'")
+                if isinstance(payload, (list, torch.Tensor)):  # floats shaped like the model input
+                    lists[index] = payload
+                    continue
+                if _is_pil_image(payload):  # Request.from_data({"body": image}): already decoded
+                    image = payload
+                else:
+                    image = open_image(image_bytes(payload, index), index, limit_pixels=limit)
+                full_size = pipeline.prepare(image) if pipeline is not None else image.size
+                opened.append((index, image, full_size))
+            except RequestError as exc:
+                self.fail_request(index, exc)
+
+        mode, background = self.image_mode, self.alpha_background
+
+        def decode(job: tuple[int, Any, tuple[int, int]]) -> Any:
+            index, image, full_size = job
+            image = load_image(image, index)
+            try:
+                image = convert_mode(image, mode, background)
+            except (ValueError, OSError) as exc:  # e.g. LAB or HSV, which PIL cannot turn into RGB
+                raise RequestError(f"request {index}: a {image.mode} image cannot be converted to {mode} ({exc})",
+                                   index, fix="send an RGB, grayscale or palette image") from exc
+            return pipeline.to_uint8(image, full_size) if pipeline is not None else image
+
+        decoded = self._map(decode, opened)
+        good = []
+        for (index, _, _), result in zip(opened, decoded):
+            if isinstance(result, RequestError):
+                self.fail_request(index, result)
             else:
-                raise RequestError(
-                    f"request {index}: a {type(payload).__name__} is not an image",
-                    index,
-                    fix="send image bytes, a base64 str or a list of floats",
-                )
-        shapes = {tuple(t.shape) for t in images}
+                good.append((index, result))
+        if pipeline is not None:
+            batch = self._normalized(pipeline, [pixels for _, pixels in good])
+            rows = {index: batch[i] for i, (index, _) in enumerate(good)}
+        else:
+            batch = None
+            rows = {index: self.image_processing(image) for index, image in good}
+        expected = self._expected_shape(pipeline, rows)
+        for index, values in lists.items():
+            try:
+                rows[index] = _float_tensor(values, index, expected)
+            except RequestError as exc:
+                self.fail_request(index, exc)
+        if batch is not None and len(rows) == len(good):  # images only: the batch as normalised
+            return batch.to(self.device)
+        return self._stack([rows[i] for i in sorted(rows)], expected)
+
+    def _expected_shape(self, pipeline: ResizeCropNormalize | None, rows: dict[int, torch.Tensor]) -> tuple[int, ...] | None:
+        """The shape every request's tensor must have (a list of floats of another shape fails
+        alone): the pipeline's output, else the first image's; None lets shapes differ."""
+        if pipeline is not None and pipeline.output_shape is not None:
+            return pipeline.output_shape
+        return tuple(next(iter(rows.values())).shape) if rows else None
+
+    def _normalized(self, pipeline: ResizeCropNormalize, images: list[torch.Tensor]) -> torch.Tensor:
+        shapes = {tuple(pixels.shape) for pixels in images}
+        if len(shapes) > 1:
+            raise RequestError(
+                f"the batch's images have different shapes after preprocessing {sorted(shapes)}",
+                fix="make image_processing resize or crop every image to one size",
+            )
+        if not images:
+            return torch.empty((0, *(pipeline.output_shape or ())))
+        return pipeline.normalize(images)
+
+    def _stack(self, tensors: list[torch.Tensor], expected: tuple[int, ...] | None) -> torch.Tensor:
+        if not tensors:
+            return torch.empty((0, *(expected or ())), device=self.device)
+        shapes = {tuple(t.shape) for t in tensors}
         if len(shapes) > 1:
             raise RequestError(
                 f"the batch's images have different shapes after preprocessing {sorted(shapes)}",
                 fix="make image_processing resize every image to one size",
             )
-        return torch.stack(images).to(self.device)
+        return torch.stack(tensors).to(self.device)
+
+    def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        """The model on the readable requests; an empty batch (none readable) passes through."""
+        if isinstance(data, torch.Tensor) and data.shape[0] == 0 and getattr(self, "request_errors", None):
+            return data
+        return super().inference(data, *args, **kwargs)
+
+    @timed
+    def postprocess(self, data: Any) -> list[Any]:
+        """``data.tolist()`` for the readable requests, error items for the others."""
+        return self.with_request_errors(data.tolist())
+
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> Any:
+        """TorchServe's explanations (one per readable request), error items for the others."""
+        if isinstance(data_preprocess, torch.Tensor) and data_preprocess.shape[0] == 0:
+            return self.with_request_errors([])  # nothing readable: nothing to explain
+        return self.with_request_errors(super().explain_handle(data_preprocess, raw_data))
 
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
         """Integrated gradients for ``target`` (captum), as TorchServe's VisionHandler does."""
@@ -142,3 +314,42 @@ class VisionHandler(BaseHandler):
             attr = require("captum.attr", feature="explanations (Integrated Gradients)", pip="pip install captum")
             self.ig = attr.IntegratedGradients(self.model)
         return self.ig.attribute(tensor_data, target=target, n_steps=15).tolist()
+
+
+def _is_pil_image(value: Any) -> bool:
+    image_module = sys.modules.get("PIL.Image")
+    return image_module is not None and isinstance(value, image_module.Image)
+
+
+def _request_ids(context: Any) -> Any:
+    """The batch's request ids (new for every batch, in TorchServe and in handlerkit), if bound."""
+    ids = getattr(context, "request_ids", None)
+    return dict(ids) if isinstance(ids, dict) else None
+
+
+def _puts_errors_back(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: VisionHandler, *args: Any, **kwargs: Any) -> Any:
+        return self.with_request_errors(method(self, *args, **kwargs))
+
+    wrapper._puts_errors_back = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _float_tensor(values: Any, index: int, expected: tuple[int, ...] | None) -> torch.Tensor:
+    """A request's JSON list of floats (or tensor) as a float32 tensor of the model input's shape."""
+    try:
+        tensor = torch.as_tensor(values, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise RequestError(
+            f"request {index}: the JSON list is not a rectangular array of numbers ({exc})",
+            index,
+            fix="send the image itself, or a nested list of floats shaped like the model input",
+        ) from exc
+    if expected is not None and tuple(tensor.shape) != tuple(expected):
+        raise RequestError(
+            f"request {index}: a list of floats of shape {list(tensor.shape)}; the model input is {list(expected)}",
+            index,
+            fix=f"send the image itself, or a nested list of floats of shape {list(expected)}",
+        )
+    return tensor
