@@ -198,17 +198,38 @@ def test_logs_and_warnings_are_captured_per_stage(model_dir, images):
 
 
 # ---------------------------------------------------------------------------- errors
-def test_bad_request_is_a_stage_error_with_the_request_index(harness, images):
+def test_a_bad_request_is_answered_alone_by_the_builtin(harness, images):
+    bad = hk.Request.from_bytes(b"not an image at all")
+    run = harness.run(hk.batch(images[0], bad, images[1]))
+    assert [harness.context.get_response_status(i)[0] for i in range(3)] == [200, 400, 200]
+    assert run.output[1] == {"code": 400, "error": "the 19-byte body is not an image PIL can read",
+                             "fix": run.output[1]["fix"]} and run.output[1]["fix"]
+    assert all("code" not in run.output[i] for i in (0, 2)) and run.problems == []
+
+
+class Strict(ImageClassifier):
+    """Fails the batch on a bad image, as TorchServe's vision handlers do."""
+
+    def preprocess(self, data):
+        images = super().preprocess(data)
+        if self.request_errors:
+            raise next(iter(self.request_errors.values()))
+        return images
+
+
+def test_bad_request_is_a_stage_error_with_the_request_index(model_dir, images):
+    h = hk.Harness(Strict, context_for(model_dir))
+    h.initialize()
     bad = hk.Request.from_bytes(b"not an image at all")
     with pytest.raises(StageError) as info:
-        harness.preprocess(hk.batch(images[0], bad, images[1]))
+        h.preprocess(hk.batch(images[0], bad, images[1]))
     err = info.value
-    assert err.stage == "preprocess" and err.request_index == 1 and err.handler == "ImageClassifier"
+    assert err.stage == "preprocess" and err.request_index == 1 and err.handler == "Strict"
     assert isinstance(err.__cause__, hk.RequestError)
     assert "request 1" in str(err) and "fix" in str(err)
-    assert harness.results["preprocess"].error is err
+    assert h.results["preprocess"].error is err
     # the harness keeps working
-    assert harness.run(hk.batch(*images)).output
+    assert h.run(hk.batch(*images)).output
 
 
 def test_request_index_found_for_torchserve_style_errors(model_dir, images):

@@ -26,7 +26,6 @@ from conftest import (
 )
 
 import handlerkit as hk
-from handlerkit.errors import RequestError
 from handlerkit.handlers.base import BaseHandler
 from handlerkit.handlers.image_classifier import ImageClassifier
 
@@ -196,6 +195,16 @@ class ServedArgmax(BaseHandler):
     pass
 '''
 
+RAISES_REQUEST_ERROR = '''\
+from handlerkit.errors import RequestError
+from handlerkit.handlers.base import BaseHandler
+
+
+class Refuses(BaseHandler):
+    def preprocess(self, data):
+        raise RequestError("request 0: no numbers here", request_index=0, fix="send a JSON list of numbers")
+'''
+
 RAISES_PREDICTION_EXCEPTION = '''\
 from handlerkit.errors import PredictionException
 from handlerkit.handlers.base import BaseHandler
@@ -273,16 +282,27 @@ def test_served_base_handler_answers_like_handle(tmp_path):
     assert [r.body for r in responses] == [b"1", b"0"]  # json.dumps(1, indent=2)
 
 
-def test_served_bad_request_fails_the_batch_with_400(tmp_path):
-    # RequestError is a PredictionException(code 400): the worker answers the whole batch
-    # with it and its message, instead of a bare 503 "Prediction failed".
+def test_served_bad_request_gets_its_own_400_and_the_others_their_answers(tmp_path):
+    # The built-in vision handlers isolate a bad request: the worker answers the batch 200, the
+    # bad request 400 with its error item (code, error, fix) as JSON, the others their answers.
     model_dir = _archive_dir(cnn_dir(tmp_path / "served", 5), SERVED_CLASSIFIER)
     batch = hk.batch(hk.Request.from_bytes(png_bytes(), "image/png"), hk.Request.from_bytes(b"not an image"))
-    code, message, responses = _serve(model_dir, batch, batch_size=2)
-    assert code == 400 and message.startswith("request 1: the 12-byte body is not an image")
-    assert [(r.code, r.body) for r in responses] == [(400, b"error"), (400, b"error")]
-    with pytest.raises(RequestError, match="request 1"):
-        _direct(model_dir, ImageClassifier(), batch)
+    code, _message, responses = _serve(model_dir, batch, batch_size=2)
+    assert code == 200
+    assert [r.code for r in responses] == [200, 400]
+    answer, error = (json.loads(r.body) for r in responses)
+    assert len(answer) == 5 and abs(sum(answer.values()) - 1) < 1e-3
+    assert error["code"] == 400 and error["error"] == "the 12-byte body is not an image PIL can read" and error["fix"]
+    assert _direct(model_dir, ImageClassifier(), batch) == [answer, error]
+
+
+def test_served_request_error_fails_the_batch_with_its_400(tmp_path):
+    # A RequestError a handler raises is a PredictionException(code 400): the worker answers
+    # the whole batch with it and its message, instead of a bare 503 "Prediction failed".
+    model_dir = _archive_dir(write_model_dir(tmp_path / "refuses", ARGMAX_MODEL_PY), RAISES_REQUEST_ERROR)
+    code, message, responses = _serve(model_dir, hk.batch(hk.Request.json([1.0, 2.0])), batch_size=1)
+    assert code == 400 and message.startswith("request 0: no numbers")
+    assert [(r.code, r.body) for r in responses] == [(400, b"error")]
 
 
 def test_served_prediction_exception_keeps_its_code(tmp_path):

@@ -32,6 +32,7 @@ import handlerkit as hk
 from handlerkit import viz
 from handlerkit.errors import HandlerkitError
 from handlerkit.results import StageResult
+from handlerkit.handlers.image_classifier import ImageClassifier
 
 matplotlib.use("Agg")
 
@@ -180,8 +181,18 @@ def test_golden_tokens(tmp_path):
     check_golden("tokens", lambda: viz.show(ids, handler=handler), tmp_path)
 
 
-def test_golden_error_card(classifier, tmp_path):
-    h = classifier.h
+class Strict(ImageClassifier):
+    """Fails the batch on a bad image, as TorchServe's vision handlers do."""
+
+    def preprocess(self, data):
+        images = super().preprocess(data)
+        if self.request_errors:
+            raise next(iter(self.request_errors.values()))
+        return images
+
+
+def test_golden_error_card(tmp_path):
+    h = hk.Harness(Strict, hk.MockContext.from_model_dir(str(CLASSIFIER)))
     bad = hk.batch(hk.Request.from_file(str(IMAGES / "circle.png")),
                    hk.Request.from_file(str(ROOT / "fixtures" / "bad" / "not_an_image.txt")))
     with pytest.raises(hk.StageError):

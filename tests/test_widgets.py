@@ -113,8 +113,19 @@ def test_the_stepper_shows_what_the_harness_already_holds():
     assert enabled(stepper)["inference"]
 
 
+class Strict(ImageClassifier):
+    """Fails the batch on a bad image, as TorchServe's vision handlers do (the built-in answers
+    the bad request alone)."""
+
+    def preprocess(self, data):
+        images = super().preprocess(data)
+        if self.request_errors:
+            raise next(iter(self.request_errors.values()))
+        return images
+
+
 def test_a_stage_error_shows_its_fix_and_the_stepper_stays_usable():
-    h = harness()
+    h = harness(Strict)
     stepper = Stepper(h, hk.batch(image("circle.png"), hk.Request.from_file(BAD / "truncated.png")), pictures=False)
     stepper.run_all_button.click()  # stops at the failing stage
     error = h.results["preprocess"].error
