@@ -54,6 +54,10 @@ LAYERS: dict[str, int] = {
     "handlerkit.isolation": 2,
     "handlerkit.formats": 2,
     "handlerkit.archive": 2,
+    "handlerkit._archive_extract": 2,
+    "handlerkit._archive_read": 2,
+    "handlerkit._archive_rules": 2,
+    "handlerkit._archive_write": 2,
     # 3. handlers
     "handlerkit.handlers": 3,
     # 4. the harness's records
@@ -78,6 +82,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.widgets": 7,
     "handlerkit._widgets_panes": 7,
     "handlerkit.pytest_plugin": 7,
+    "handlerkit.testing": 7,
     "handlerkit.serving": 7,
     # the facade
     "handlerkit": 8,
