@@ -1,24 +1,109 @@
-"""The ``handlerkit`` command: fast help, and the demo on the bundled assets."""
+"""The ``handlerkit`` command: every subcommand in-process through ``main([...])``, a few real
+processes for what only a process shows (imports, exit status, how warnings print).
+
+Exit codes under test: 0 ok, 1 a handler failed or a check found a problem, 2 a usage or
+input error (one line on stderr, nothing on stdout, no traceback).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from handlerkit.cli import demo_paths, main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "fixtures" / "models" / "image_classifier"
+IMAGES = ROOT / "fixtures" / "images"
+CIRCLE, STAR, SQUARE = str(IMAGES / "circle.png"), str(IMAGES / "star.jpg"), str(IMAGES / "square.png")
+COMMANDS = ("demo", "run", "check", "time", "compile", "archive", "inspect")
 
 
-def test_import_and_help_do_not_import_torch():
-    code = "import sys, handlerkit, handlerkit.cli; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-    help_run = subprocess.run([sys.executable, "-m", "handlerkit.cli", "--help"], capture_output=True, text=True)
-    assert help_run.returncode == 0 and "demo" in help_run.stdout
+def cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, dict]:
+    """Run with ``--json``: stdout must be one JSON document and nothing else."""
+    code, out, _ = cli(capsys, *argv, "--json")
+    data = json.loads(out)
+    assert data["exit_code"] == code
+    return code, data
+
+
+def assert_usage_error(code: int, out: str, err: str, *fragments: str) -> None:
+    assert code == 2 and out == ""
+    assert err.startswith("handlerkit: error: ") and err.endswith("\n") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+def handler_dir(path: Path, source: str) -> Path:
+    """A model dir holding only handler.py with ``source`` (its manifest is inferred)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "handler.py").write_text(source)
+    return path
+
+
+def copied_model(tmp_path: Path, request: pytest.FixtureRequest, config: str | None = None) -> Path:
+    """The fixture classifier copied, its model.py unique to the test: Dynamo remembers sizes by
+    a code's file content across a process, which would make one test's batch dim dynamic in another."""
+    target = tmp_path / "image_classifier"
+    shutil.copytree(MODEL, target)
+    with open(target / "model.py", "a") as f:
+        f.write(f"\n# {request.node.nodeid}\n")
+    if config is not None:
+        (target / "model-config.yaml").write_text(config)
+    return target
+
+
+# --------------------------------------------------------------------------- help, imports
+
+
+def test_help_and_every_subcommand_help_import_no_torch():
+    code = (
+        "import sys\n"
+        "from handlerkit.cli import main\n"
+        f"codes = [main(['--help'])] + [main([c, '--help']) for c in {COMMANDS!r}]\n"
+        "heavy = sorted(m for m in ('torch', 'numpy', 'PIL', 'yaml', 'tqdm', 'handlerkit.harness') if m in sys.modules)\n"
+        "print(codes, heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"{[0] * (len(COMMANDS) + 1)} []"
+
+
+def test_python_dash_m_lists_every_command():
+    done = subprocess.run([sys.executable, "-m", "handlerkit.cli", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0
+    listed = [m.group(1) for m in re.finditer(r"^    (\S+)", done.stdout, re.M)]
+    assert listed == list(COMMANDS)
+
+
+def test_every_subcommand_takes_json_and_no_progress(capsys):
+    for command in COMMANDS:
+        assert main([command, "--help"]) == 0
+        text = capsys.readouterr().out
+        assert "--json" in text and "--no-progress" in text, command
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    code, out, _ = cli(capsys)
+    assert code == 2 and "COMMAND" in out
+
+
+# ------------------------------------------------------------------------------------ demo
 
 
 def test_demo_assets_ship_inside_the_package():
@@ -28,65 +113,374 @@ def test_demo_assets_ship_inside_the_package():
     assert {os.path.basename(p) for p in images} >= {"circle.png", "star.jpg"}
 
 
-def test_demo_prints_a_row_per_stage_and_predictions(capsys):
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
+def test_demo_prints_a_row_per_stage_predictions_and_the_note(capsys):
+    code, out, _ = cli(capsys, "demo")
+    assert code == 0
     for stage in ("initialize", "preprocess", "inference", "postprocess"):
         assert f"\n{stage}" in out
     assert "Tensor[3, 3, 224, 224] float32 cpu" in out
     lines = {line.split()[0]: line for line in out.splitlines() if line.split() and "." in line.split()[0]}
     assert lines["circle.png"].split()[1] == "circle"
     assert lines["star.jpg"].split()[1] == "star"
+    assert out.rstrip().endswith("grace_hopper.jpg is a photo outside what it knows, so its top class is a guess.")
 
 
-def test_run_on_a_model_dir(capsys):
-    model_dir = os.path.join(ROOT, "fixtures", "models", "image_classifier")
-    image = os.path.join(ROOT, "fixtures", "images", "square.png")
-    assert main(["run", model_dir, image]) == 0
-    assert "square.png  square" in capsys.readouterr().out
-
-
-def test_errors_are_reported_without_a_traceback(tmp_path, capsys):
-    with pytest.warns(Warning):
-        code = main(["run", str(tmp_path), os.path.join(ROOT, "fixtures", "images", "square.png")])
-    assert code == 1
-    assert "handlerkit: error:" in capsys.readouterr().err
-
-
-def test_a_missing_input_file_is_one_line_and_exit_code_2(capsys):
-    model_dir = os.path.join(ROOT, "fixtures", "models", "image_classifier")
-    assert main(["run", model_dir, "missing.png"]) == 2
-    captured = capsys.readouterr()
-    assert captured.err == "handlerkit: error: no such file: missing.png\n" and captured.out == ""
-
-
-def test_a_missing_model_dir_is_exit_code_2(capsys, tmp_path):
-    image = os.path.join(ROOT, "fixtures", "images", "square.png")
-    assert main(["run", str(tmp_path / "nowhere"), image]) == 2
-    assert capsys.readouterr().err.startswith("handlerkit: error: no such model dir: ")
-
-
-def test_demo_help_says_what_it_does():
-    out = subprocess.run([sys.executable, "-m", "handlerkit.cli", "demo", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0
-    text = " ".join(out.stdout.split())
+def test_demo_help_says_what_it_does(capsys):
+    code, out, _ = cli(capsys, "demo", "--help")
+    text = " ".join(out.split())
+    assert code == 0
     assert "built-in image_classifier on the bundled 'shapes' model" in text
     assert "grace_hopper.jpg is a real photo outside what the shapes model knows" in text
 
 
-def test_demo_notes_that_the_photo_is_outside_the_model(capsys):
-    assert main(["demo"]) == 0
-    assert "grace_hopper.jpg is a photo outside what it knows" in capsys.readouterr().out
+# ------------------------------------------------------------------------------------- run
+
+
+def test_run_on_a_model_dir(capsys):
+    code, out, _ = cli(capsys, "run", MODEL, SQUARE)
+    assert code == 0
+    assert out.startswith("handler ImageClassifier on cpu, model image_classifier\n")
+    assert "square.png  square" in out
+
+
+def test_run_without_files_runs_initialize_alone(tmp_path, capsys):
+    code, out, _ = cli(capsys, "run", MODEL)
+    assert code == 0 and out.splitlines()[1].startswith("initialize ok ")
+    broken = tmp_path / "no_weights"
+    shutil.copytree(MODEL, broken)
+    (broken / "model.pt").unlink()
+    code, data = cli_json(capsys, "run", broken)
+    assert code == 1 and data["error"]["stage"] == "initialize" and "model.pt" in data["error"]["message"]
+
+
+def test_run_json_is_the_only_thing_on_stdout(capsys):
+    code, data = cli_json(capsys, "run", MODEL, CIRCLE, STAR)
+    assert code == 0 and data["batch_size"] == 2 and data["requests"] == ["circle.png", "star.jpg"]
+    assert [s["stage"] for s in data["stages"]] == ["initialize", "preprocess", "inference", "postprocess"]
+    assert all(s["ok"] for s in data["stages"]) and data["problems"] == []
+    top = [max(item, key=item.get) for item in data["output"]]
+    assert top == ["circle", "star"]
+
+
+def test_what_a_handler_prints_goes_to_stderr_under_json(tmp_path, capsys):
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    print('chatty handler')\n"
+                        "    return ['ok' for _ in data or []]\n")
+    request = tmp_path / "r.txt"
+    request.write_text("hi")
+    with pytest.warns(Warning, match="inferred the manifest"):
+        code, out, err = cli(capsys, "run", model, request, "--json")
+    assert code == 0 and json.loads(out)["output"] == ["ok"]
+    assert "chatty handler" in err
+
+
+TYPE_HANDLER = "def handle(data, context):\n    return [type(row['body']).__name__ for row in data or []]\n"
+
+
+def test_requests_are_typed_by_extension_or_content_type(tmp_path, capsys):
+    model = handler_dir(tmp_path / "m", TYPE_HANDLER)
+    (tmp_path / "a.json").write_text('{"x": 1}')
+    (tmp_path / "b.txt").write_text("hello")
+    (tmp_path / "c.dat").write_text('[1, 2]')
+    files = [tmp_path / "a.json", tmp_path / "b.txt", CIRCLE, tmp_path / "c.dat"]
+    with pytest.warns(Warning, match="inferred the manifest"):
+        _, guessed = cli_json(capsys, "run", model, *files)
+    assert guessed["output"] == ["dict", "str", "bytearray", "bytearray"]
+    with pytest.warns(Warning, match="inferred the manifest"):
+        _, forced = cli_json(capsys, "run", model, tmp_path / "c.dat", "--content-type", "application/json")
+    assert forced["output"] == ["list"]
 
 
 def test_a_handler_returning_no_list_is_reported_with_exit_code_1(tmp_path, capsys):
-    (tmp_path / "handler.py").write_text("def handle(data, context):\n    return None\n")
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    return None\n")
     request = tmp_path / "request.txt"
     request.write_text("hello")
     with pytest.warns(Warning) as caught:
-        code = main(["run", str(tmp_path), str(request), "--handler", "handler.py:handle"])
+        code, out, _ = cli(capsys, "run", model, request, "--handler", "handler.py:handle")
     messages = [str(w.message) for w in caught]
     assert any("inferred the manifest" in m for m in messages)  # no MAR-INF/MANIFEST.json here
     assert any("must return a list" in m for m in messages)
-    out = capsys.readouterr().out
     assert code == 1 and "contract problems" in out and out.rstrip().endswith("(all)    None")
+
+
+def test_a_stage_that_raises_is_exit_code_1_with_the_stage_named(tmp_path, capsys):
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    if data:\n"
+                        "        raise ValueError('no good')\n    return []\n")
+    request = tmp_path / "r.txt"
+    request.write_text("x")
+    with pytest.warns(Warning, match="inferred the manifest"):
+        code, out, err = cli(capsys, "run", model, request)
+    assert code == 1 and out == ""
+    assert err.startswith("handlerkit: error: ") and "no good" in err and "Traceback" not in err
+    with pytest.warns(Warning, match="inferred the manifest"):
+        code, data = cli_json(capsys, "run", model, request)
+    assert code == 1 and data["error"]["stage"] == "handle" and "no good" in data["error"]["message"]
+
+
+# ------------------------------------------------------------------------ input errors: 2
+
+
+def test_a_missing_input_file_is_one_line_and_exit_code_2(capsys):
+    code, out, err = cli(capsys, "run", MODEL, "missing.png", "gone.json")
+    assert_usage_error(code, out, err)
+    assert err == "handlerkit: error: no such file: missing.png, gone.json\n"
+
+
+def test_a_missing_model_is_exit_code_2(capsys, tmp_path):
+    code, out, err = cli(capsys, "check", tmp_path / "nowhere", SQUARE)
+    assert_usage_error(code, out, err, f"no such model dir or .mar: {tmp_path / 'nowhere'}")
+
+
+@pytest.mark.parametrize("command", ["run", "check", "time", "compile"])
+def test_a_dir_that_is_no_model_dir_is_exit_code_2(capsys, command):
+    code, out, err = cli(capsys, command, IMAGES, SQUARE)  # the arguments swapped: a common slip
+    assert_usage_error(code, out, err, f"{IMAGES} is not a model dir: it has no MAR-INF/MANIFEST.json")
+
+
+def test_an_empty_dir_is_no_model_dir(capsys, tmp_path):
+    assert_usage_error(*cli(capsys, "inspect", tmp_path), "is not a model dir")
+
+
+def test_a_mar_that_is_not_a_zip_is_exit_code_2(capsys, tmp_path):
+    fake = tmp_path / "model.mar"
+    fake.write_bytes(b"not a zip at all")
+    assert_usage_error(*cli(capsys, "run", fake, SQUARE), "model.mar is not a model archive: the file is not a zip")
+    assert_usage_error(*cli(capsys, "inspect", fake), "model.mar is not a model archive")
+    assert_usage_error(*cli(capsys, "run", SQUARE, SQUARE), "square.png is not a model archive")  # an image as the model
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["run", str(MODEL), SQUARE, "--bogus"], "unrecognized arguments: --bogus (see 'handlerkit run --help')"),
+    (["time", str(MODEL), SQUARE, "--sweep", "0,2"], "argument --sweep: expected distinct positive batch sizes"),
+    (["time", str(MODEL), SQUARE, "--repeat", "x"], "argument --repeat: expected a positive integer: got 'x'"),
+    (["archive", str(MODEL), "-o", "out", "--format", "zip"], "argument --format"),
+    (["chek", str(MODEL)], "unknown command 'chek' (did you mean 'check'?)"),
+    (["--nope"], "unrecognized arguments: --nope"),
+    (["time", str(MODEL), SQUARE, "--repeats", "2"], "--repeats 2 (did you mean '--repeat'?)"),
+])
+def test_usage_errors_are_one_line_and_exit_code_2(capsys, argv, fragment):
+    assert_usage_error(*cli(capsys, *argv), fragment)
+
+
+def test_a_malformed_manifest_is_exit_code_2(capsys, tmp_path):
+    model = tmp_path / "m"
+    (model / "MAR-INF").mkdir(parents=True)
+    (model / "MAR-INF" / "MANIFEST.json").write_text("{not json")
+    assert_usage_error(*cli(capsys, "run", model, SQUARE), "is not valid JSON", "(fix: ")
+    assert_usage_error(*cli(capsys, "inspect", model), "is not valid JSON")
+
+
+def test_a_handler_that_cannot_be_found_is_exit_code_2(capsys):
+    code, out, err = cli(capsys, "run", MODEL, SQUARE, "--handler", "no_such_handler.py")
+    assert_usage_error(code, out, err, "no_such_handler.py")
+
+
+def test_input_errors_under_json_still_give_a_document(capsys):
+    code, out, err = cli(capsys, "run", MODEL, "missing.png", "--json")
+    assert code == 2 and err == "handlerkit: error: no such file: missing.png\n"
+    assert json.loads(out) == {"error": {"type": "InputError", "message": "no such file: missing.png", "fix": None},
+                               "exit_code": 2}
+
+
+def test_exit_codes_and_warnings_in_a_real_process(tmp_path):
+    """What only a process shows: the exit status, and warnings printed as one line each."""
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    return ['ok' for _ in data or []]\n")
+    request = tmp_path / "r.txt"
+    request.write_text("x")
+    env = {**os.environ, "PYTHONWARNINGS": "default"}
+    cmd = [sys.executable, "-m", "handlerkit.cli"]
+    ok = subprocess.run([*cmd, "run", str(model), str(request)], capture_output=True, text=True, env=env)
+    assert ok.returncode == 0, ok.stderr
+    warning_lines = [line for line in ok.stderr.splitlines() if line.strip()]
+    assert warning_lines and all(line.startswith("handlerkit: warning: ") for line in warning_lines), ok.stderr
+    assert "inferred the manifest" in ok.stderr
+    bad = subprocess.run([*cmd, "run", str(IMAGES), SQUARE], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith(f"handlerkit: error: {IMAGES} is not a model dir")
+
+
+# ------------------------------------------------------------------------------------ check
+
+
+def test_check_passes_on_the_classifier(capsys):
+    code, out, _ = cli(capsys, "check", MODEL, CIRCLE, "--no-progress")
+    assert code == 0 and "check of ImageClassifier on 1 request(s): ok" in out
+    code, data = cli_json(capsys, "check", MODEL, CIRCLE, STAR)
+    assert code == 0 and data["ok"] is True and data["problems"] == [] and len(data["parity"]) == 2
+
+
+def test_check_failing_is_exit_code_1_with_the_problem_and_fix(tmp_path, capsys):
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    return ['one'] if data else []\n")
+    requests = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for r in requests:
+        r.write_text("x")
+    with pytest.warns(Warning):
+        code, data = cli_json(capsys, "check", model, *requests)
+    assert code == 1 and data["ok"] is False
+    assert any("one item per request" in p["message"] or "1 item" in p["message"] for p in data["problems"])
+    assert all(p["fix"] for p in data["problems"] if p["severity"] == "error")
+
+
+# ------------------------------------------------------------------------------------- time
+
+
+def test_time_prints_a_row_per_stage(capsys):
+    code, out, _ = cli(capsys, "time", MODEL, CIRCLE, "--repeat", "2", "--warmup", "0")
+    assert code == 0 and "timing: batch_size=1, warmup=0, repeat=2, device=cpu" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in
+            ("preprocess", "inference", "postprocess", "end_to_end")]
+    assert rows == ["preprocess", "inference", "postprocess", "end_to_end"]
+
+
+def test_time_sweep_json_has_a_row_per_batch_size(capsys):
+    code, data = cli_json(capsys, "time", MODEL, CIRCLE, "--sweep", "1,3", "--repeat", "2", "--warmup", "0")
+    assert code == 0 and data["kind"] == "sweep"
+    assert [row["batch_size"] for row in data["rows"]] == [1, 3]
+    assert all(row["throughput_rps"] > 0 for row in data["rows"])
+    assert [r["repeat"] for r in data["reports"]] == [2, 2]
+
+
+def test_time_sweep_without_sizes_uses_1_2_4_8(capsys):
+    code, data = cli_json(capsys, "time", MODEL, CIRCLE, "--sweep", "--repeat", "1", "--warmup", "0")
+    assert code == 0 and [row["batch_size"] for row in data["rows"]] == [1, 2, 4, 8]
+
+
+# ---------------------------------------------------------------------------------- compile
+
+EAGER = "batchSize: 4\npt2:\n  compile:\n    enable: true\n    backend: eager\n    dynamic: {dynamic}\n"
+
+
+def test_compile_gate_failing_is_exit_code_1(tmp_path, request, capsys):
+    model = copied_model(tmp_path, request, EAGER.format(dynamic="false"))
+    code, out, _ = cli(capsys, "compile", model, CIRCLE, STAR, "--batch-sizes", "2,4", "--repeat", "1")
+    assert code == 1
+    assert "compiled with eager" in out and "gate: batch 4 recompile" in out
+    assert "set dynamic: true in the pt2 section" in out  # the fix
+
+
+def test_compile_gate_passing_is_exit_code_0(tmp_path, request, capsys):
+    model = copied_model(tmp_path, request, EAGER.format(dynamic="true"))
+    code, data = cli_json(capsys, "compile", model, CIRCLE, STAR, "--batch-sizes", "2,4", "--repeat", "1")
+    assert code == 0 and data["applied"] is True and data["gate_ok"] is True and data["ok"] is True
+    assert [g["batch_size"] for g in data["gate"]] == [2, 4]
+
+
+def test_compile_of_a_model_not_compiled_says_so(capsys):
+    code, out, _ = cli(capsys, "compile", MODEL, CIRCLE)
+    assert code == 0 and "not compiled" in out.splitlines()[1]
+
+
+# ------------------------------------------------------------------------------------ inspect
+
+
+def test_inspect_a_model_dir(capsys):
+    code, out, _ = cli(capsys, "inspect", MODEL)
+    assert code == 0
+    assert out.splitlines()[0] == "image_classifier (dir): model image_classifier 1.0, handler ImageClassifier, eager: loads"
+    code, data = cli_json(capsys, "inspect", MODEL)
+    assert data["manifest"] == json.loads((MODEL / "MAR-INF" / "MANIFEST.json").read_text())
+    assert data["handler"]["origin"] == "handlerkit" and data["handler"]["kind"] == "class"
+    assert data["model"]["format"] == "eager" and data["config"]["batchSize"] == 4
+    assert {f["name"] for f in data["files"]} >= {"model.pt", "model.py", "MAR-INF/MANIFEST.json"}
+
+
+def test_inspect_does_not_run_initialize(tmp_path, capsys):
+    model = handler_dir(tmp_path / "m", "class H:\n    def initialize(self, context):\n"
+                        "        raise RuntimeError('initialize ran')\n    def handle(self, data, context):\n"
+                        "        return []\n")
+    code, data = cli_json(capsys, "inspect", model)
+    assert data["handler"]["name"] == "H" and data["handler"]["origin"] == "model_dir"
+    assert data["inferred"]["handler"] == "handler.py is in the dir" and "inferred" in data["notes"][0]
+    assert data["model"]["format"] == "none (the handler loads its own model)" and code == 0
+
+
+def test_inspect_reports_what_would_stop_torchserve(tmp_path, capsys):
+    model = tmp_path / "broken"
+    shutil.copytree(MODEL, model)
+    manifest = json.loads((model / "MAR-INF" / "MANIFEST.json").read_text())
+    manifest["model"]["handler"] = "no_such_handler.py"
+    (model / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    (model / "model-config.yaml").write_text("batchSize: '8'\n")
+    (model / "model.pt").unlink()
+    code, out, _ = cli(capsys, "inspect", model)
+    assert code == 1 and "3 problem(s)" in out.splitlines()[0]
+    _, data = cli_json(capsys, "inspect", model)
+    assert sorted(p["what"] for p in data["problems"]) == ["config", "handler", "model"]
+    assert all(p["fix"] for p in data["problems"])
+
+
+# ----------------------------------------------------------------------- archive round trip
+
+
+@pytest.fixture
+def mar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    code, data = cli_json(capsys, "archive", MODEL, "-o", tmp_path / "store")
+    assert code == 0
+    return Path(data["path"])
+
+
+def test_archive_builds_a_mar_with_the_manifest(mar, capsys):
+    assert mar.name == "image_classifier.mar" and zipfile.is_zipfile(mar)
+    with zipfile.ZipFile(mar) as zf:
+        manifest = json.loads(zf.read("MAR-INF/MANIFEST.json"))
+    assert manifest["model"]["handler"] == "image_classifier" and manifest["model"]["modelName"] == "image_classifier"
+
+
+def test_archive_prints_the_torchserve_command(tmp_path, capsys):
+    code, out, _ = cli(capsys, "archive", MODEL, "-o", tmp_path, "--model-name", "shapes")
+    assert code == 0 and out.startswith(f"wrote {tmp_path / 'shapes.mar'} (")
+    assert f"torchserve --start --ncs --model-store {tmp_path} --models shapes=shapes.mar" in out
+
+
+def test_archive_refuses_to_overwrite_without_force(mar, capsys):
+    code, out, err = cli(capsys, "archive", MODEL, "-o", mar.parent)
+    assert_usage_error(code, out, err, str(mar))
+    assert cli(capsys, "archive", MODEL, "-o", mar.parent, "--force")[0] == 0
+
+
+@pytest.mark.parametrize("fmt, name", [("no-archive", "image_classifier"), ("tgz", "image_classifier.tar.gz")])
+def test_archive_formats(tmp_path, capsys, fmt, name):
+    code, data = cli_json(capsys, "archive", MODEL, "-o", tmp_path, "--format", fmt)
+    assert code == 0 and Path(data["path"]) == tmp_path / name and data["format"] == fmt
+    code, out, _ = cli(capsys, "run", data["path"], CIRCLE)
+    assert code == 0 and "circle.png  circle" in out
+
+
+def test_archive_without_a_source_or_files_is_exit_code_2(capsys, tmp_path):
+    assert_usage_error(*cli(capsys, "archive", "-o", tmp_path), "give SOURCE")
+    assert_usage_error(*cli(capsys, "archive", MODEL, "-o", tmp_path, "--extra-files", "nowhere.json"), "nowhere.json")
+    assert_usage_error(*cli(capsys, "archive", tmp_path / "nowhere", "-o", tmp_path), "does not exist")
+
+
+def test_a_mar_runs_checks_and_inspects_like_its_dir(mar, capsys):
+    _, from_dir = cli_json(capsys, "run", MODEL, CIRCLE, STAR)
+    code, from_mar = cli_json(capsys, "run", mar, CIRCLE, STAR)
+    assert code == 0 and from_mar["output"] == from_dir["output"] and from_mar["model"] == "image_classifier.mar"
+    assert cli(capsys, "check", mar, CIRCLE)[0] == 0
+    code, out, _ = cli(capsys, "inspect", mar)
+    assert code == 0 and out.startswith("image_classifier.mar (mar): model image_classifier 1.0, handler ImageClassifier")
+    _, data = cli_json(capsys, "inspect", mar)
+    assert data["manifest"]["model"] == json.loads((MODEL / "MAR-INF" / "MANIFEST.json").read_text())["model"]
+    assert {f["name"] for f in data["files"]} >= {"model.pt", "MAR-INF/MANIFEST.json"}
+    assert all("compressed" in f for f in data["files"]) and data["kind"] == "mar"
+
+
+def test_a_zip_slip_mar_is_refused_and_nothing_is_written(tmp_path, capsys):
+    evil = tmp_path / "inner" / "evil.mar"
+    evil.parent.mkdir()
+    with zipfile.ZipFile(evil, "w") as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", (MODEL / "MAR-INF" / "MANIFEST.json").read_text())
+        zf.writestr("../escaped.txt", "gotcha")
+    for argv in (["run", evil, SQUARE], ["inspect", evil]):
+        assert_usage_error(*cli(capsys, *argv), "../escaped.txt")
+    assert not list(tmp_path.rglob("escaped.txt"))
+
+
+# ----------------------------------------------------------------------------------- progress
+
+
+def test_long_work_shows_a_bar_unless_no_progress(capsys, monkeypatch):
+    monkeypatch.setenv("HANDLERKIT_PROGRESS", "1")  # as if stderr were a terminal
+    code, out, err = cli(capsys, "time", MODEL, CIRCLE, "--repeat", "2", "--warmup", "0", "--json")
+    assert code == 0 and "timing ImageClassifier" in err and json.loads(out)["repeat"] == 2
+    code, _, err = cli(capsys, "time", MODEL, CIRCLE, "--repeat", "2", "--warmup", "0", "--no-progress")
+    assert code == 0 and err == ""

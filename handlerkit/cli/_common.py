@@ -1,0 +1,268 @@
+"""What every subcommand shares: options, loading a model (dir or ``.mar``), files as requests,
+JSON output, and the exit codes.
+
+Exit codes: :data:`OK` (0), :data:`FAILED` (1: a handler failed or a check found a problem),
+:data:`USAGE` (2: a usage or input error, one line on stderr, no traceback). Only the standard
+library is imported at module level: ``handlerkit --help`` must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+OK, FAILED, USAGE = 0, 1, 2
+
+#: A model dir has a manifest or one of the files a manifest is inferred from
+#: (handlerkit.modeldir.infer_manifest); these, plus its weights suffixes.
+_MODEL_DIR_FILES = ("MAR-INF/MANIFEST.json", "model.py", "handler.py", "model-config.yaml")
+_JSON_VALUES = 4096  # a tensor with more values is described in --json output, not listed
+
+
+class InputError(Exception):
+    """A usage or input problem: one line on stderr, exit code 2."""
+
+
+@dataclass
+class Outcome:
+    """What a subcommand produced: its exit code, the text for a person, the data for ``--json``."""
+
+    code: int
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------ options
+def output_options() -> argparse.ArgumentParser:
+    """``--json`` and ``--no-progress``, shared by every subcommand (an argparse parent)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("output")
+    group.add_argument("--json", action="store_true", help="print one JSON document on stdout (for scripts), nothing else")
+    group.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
+                       help="no progress bars (default: shown when stderr is a terminal)")
+    return parent
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, files: str = "+") -> None:
+    """``MODEL FILES...`` and the options that say how to load and feed the model."""
+    parser.add_argument("model", metavar="MODEL", help="a model dir (an unpacked .mar) or a .mar file")
+    parser.add_argument("files", metavar="FILES", nargs=files,
+                        help="request bodies, one request per file, all in one batch")
+    group = parser.add_argument_group("model")
+    group.add_argument("--handler", metavar="SPEC", help="handler spec (default: the manifest's handler)")
+    group.add_argument("--config", metavar="YAML",
+                       help="a model-config.yaml to use instead of the manifest's configFile")
+    group.add_argument("--content-type", metavar="TYPE",
+                       help="the Content-Type of every request (default: guessed from each file's extension: "
+                       "images -> image/*, .json -> application/json, .txt -> text/plain)")
+
+
+def sizes(text: str) -> list[int]:
+    """An argparse type: ``"1,2,4,8"`` -> ``[1, 2, 4, 8]`` (positive, no repeats)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected batch sizes like 1,2,4,8: got {text!r}") from None
+    if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct positive batch sizes like 1,2,4,8: got {text!r}")
+    return values
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer: got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0: got {text!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------- the model
+def check_files(files: Sequence[str]) -> None:
+    """Every request file exists (all missing ones named at once)."""
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise InputError(f"no such file: {', '.join(missing)}")
+
+
+def model_dir_problem(path: str, handler: str | None = None) -> str | None:
+    """Why ``path`` (a dir) is no model dir, or None: it needs a manifest, a file a manifest is
+    inferred from (model.py, handler.py, model-config.yaml, weights), or the ``--handler`` file."""
+    from handlerkit.modeldir import WEIGHTS_SUFFIXES
+
+    if any(os.path.isfile(os.path.join(path, name)) for name in _MODEL_DIR_FILES):
+        return None
+    names = os.listdir(path)
+    if any(name.endswith(WEIGHTS_SUFFIXES) for name in names):
+        return None
+    handler_file = (handler or "").partition(":")[0]  # --handler handler.py[:fn], in the dir or elsewhere
+    if handler_file.endswith(".py") and any(os.path.isfile(f) for f in (os.path.join(path, handler_file), handler_file)):
+        return None
+    return (
+        f"{path} is not a model dir: it has no MAR-INF/MANIFEST.json and none of model.py, handler.py, "
+        f"model-config.yaml or a weights file ({', '.join(WEIGHTS_SUFFIXES)})"
+    )
+
+
+@contextlib.contextmanager
+def model_dir(path: str, handler: str | None = None) -> Iterator[str]:
+    """The model dir to load: ``path`` itself, or a ``.mar`` / ``.tar.gz`` extracted (safely, by
+    :func:`handlerkit.archive.open_mar`) into a temporary dir removed on exit.
+
+    Raises:
+        InputError: no such path, or a dir that is no model dir.
+        ArchiveError: a file that is no archive, or one refused (zip-slip, links, bombs...).
+    """
+    if not os.path.exists(path):
+        raise InputError(f"no such model dir or .mar: {path}")
+    if os.path.isdir(path):
+        problem = model_dir_problem(path, handler)
+        if problem:
+            raise InputError(problem)
+        yield path
+        return
+    from handlerkit.archive import open_mar  # refuses what is no archive, or an unsafe one
+
+    with tempfile.TemporaryDirectory(prefix="handlerkit-") as tmp:
+        yield os.fspath(open_mar(path, os.path.join(tmp, "model")))
+
+
+@dataclass
+class Loaded:
+    """A model ready to run: its context, harness and what to call it."""
+
+    context: Any
+    harness: Any
+    label: str
+
+
+def load(directory: str, label: str, handler: str | None, config: str | None) -> Loaded:
+    """A context and a harness for ``directory``, with the manifest's handler unless ``handler``."""
+    from handlerkit.context import MockContext
+    from handlerkit.harness import Harness
+
+    ctx = MockContext.from_model_dir(directory, config=config)
+    spec = handler or ctx.manifest.get("model", {}).get("handler")
+    if not spec:
+        raise InputError(f"{label}: the manifest names no handler; pass --handler SPEC (e.g. --handler image_classifier)")
+    return Loaded(ctx, Harness(spec, ctx), label)
+
+
+@contextlib.contextmanager
+def loaded(args: argparse.Namespace) -> Iterator[Loaded]:
+    """:func:`load` for the ``MODEL`` of ``args``, the request files checked first."""
+    check_files(args.files)
+    with model_dir(args.model, args.handler) as directory:
+        yield load(directory, os.path.basename(os.path.normpath(args.model)), args.handler, args.config)
+
+
+def requests(files: Sequence[str], content_type: str | None = None) -> Any:
+    """One batch, one request per file; the content type from ``content_type`` or the extension."""
+    from handlerkit.batches import batch
+    from handlerkit.requests import Request
+
+    try:
+        return batch(*(Request.from_file(f, content_type) for f in files))
+    except (OSError, ValueError) as exc:
+        raise InputError(str(exc)) from exc
+
+
+def header(loaded: Loaded) -> str:
+    """``handler image_classifier on cpu, model image_classifier``."""
+    h = loaded.harness
+    device = getattr(h.handler, "device", None) if h.handler is not None else None
+    return f"handler {h.name} on {device or 'n/a'}, model {loaded.label}"
+
+
+# --------------------------------------------------------------------------------- output
+def jsonable(value: Any, _depth: int = 0) -> Any:
+    """``value`` as plain JSON data: small tensors as lists, big ones (and bytes) described,
+    non-finite floats as None (strict JSON has no NaN)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if _depth > 8:
+        return repr(value)[:80]
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v, _depth + 1) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<{len(bytes(value))} bytes>"
+    size = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", None)
+    if hasattr(value, "tolist") and isinstance(size, int) and size <= _JSON_VALUES:
+        return jsonable(value.tolist(), _depth + 1)  # a small tensor or array, a numpy scalar
+    if hasattr(value, "to_dict"):
+        return jsonable(value.to_dict(), _depth + 1)
+    if hasattr(value, "__dataclass_fields__"):
+        import dataclasses
+
+        return jsonable(dataclasses.asdict(value), _depth + 1)
+    from handlerkit._describe import describe
+
+    return describe(value)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its message with the fix after it, newlines folded."""
+    message = getattr(exc, "message", None) or str(exc)
+    problems = getattr(exc, "problems", None)
+    if problems and len(problems) > 1:
+        message = "; ".join(str(p) for p in problems)
+    fix = getattr(exc, "fix", None)
+    text = " ".join(str(message).split())
+    return f"{text} (fix: {' '.join(str(fix).split())})" if fix else text
+
+
+def stage_rows_of(stages: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Stage results (a run's ``stages``) as JSON rows."""
+    from handlerkit._describe import describe
+
+    return [
+        {
+            "stage": name,
+            "ok": r.ok,
+            "calls": r.calls,
+            "wall_ms": r.wall_ms,
+            "device_ms": r.device_ms,
+            "output": describe(r.output),
+            "error": one_line(r.error) if r.error is not None else None,
+        }
+        for name, r in stages.items()
+    ]
+
+
+def problem_rows(problems: Sequence[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "severity": p.severity,
+            "check": p.check,
+            "stage": p.stage,
+            "request": p.request_index,
+            "message": p.message,
+            "fix": p.fix,
+        }
+        for p in problems
+    ]
+
+
