@@ -31,12 +31,8 @@ from handlerkit.metrics import (  # re-exported: handlerkit.context.MetricRecord
     RecordedMetric,
     RecordingMetrics,
 )
+from handlerkit.metrics_config import load_metrics_config as _load_metrics_config
 from handlerkit.modeldir import read_config, read_model_dir, resolve_path
-
-try:  # TODO(lead): drop the guard once handlerkit.metrics_config has landed
-    from handlerkit.metrics_config import load_metrics_config as _load_metrics_config
-except ImportError:  # pragma: no cover - only before that module exists
-    _load_metrics_config = None
 
 __all__ = [
     "Dimension",
@@ -442,7 +438,7 @@ class MockContext:
         ``batchSize``, else 1.
 
         Args:
-            path: the model dir.
+            path: the model dir, or an archive (``.mar``, ``.tar.gz``): see :meth:`from_mar`.
             gpu_id: ``system_properties["gpu_id"]`` (None: CPU, as TorchServe without GPUs).
             batch_size: overrides the config's ``batchSize``.
             model_name: overrides the manifest's ``modelName``.
@@ -459,6 +455,9 @@ class MockContext:
             ConfigError: a config or metrics config file that does not validate, or a
                 ``batchSize`` that is not an integer (one below 1 is raised to 1, as TorchServe does).
         """
+        if os.path.isfile(path):  # an archive works wherever a model dir does
+            return cls.from_mar(path, gpu_id=gpu_id, batch_size=batch_size, model_name=model_name, config=config,
+                                limit_max_image_pixels=limit_max_image_pixels, metrics_config=metrics_config)
         found = read_model_dir(path, model_name=model_name, config=config)
         if metrics_config is not None:
             metrics_config = resolve_path(found.path, metrics_config, "metrics_config")
@@ -476,10 +475,15 @@ class MockContext:
         ctx.inferred = found.inferred
         return ctx
 
+    @classmethod
+    def from_mar(cls, path: str | os.PathLike[str], **kwargs: Any) -> MockContext:
+        """:meth:`from_model_dir` on a ``.mar``/``.tar.gz``: see :func:`handlerkit.archive.context_from_mar`."""
+        from handlerkit.archive import context_from_mar
+        return context_from_mar(cls, path, **kwargs)
+
 
 def _recording_metrics(metrics_config: str | os.PathLike[str] | None) -> Any:
     """A fresh RecordingMetrics configured by TorchServe's metrics.yaml (None: its default)."""
-    # TODO(lead): drop the guard (see the import) once load_metrics_config has landed.
     config = _load_metrics_config(metrics_config) if _load_metrics_config is not None else None
     return RecordingMetrics(config=config) if config is not None else RecordingMetrics()
 

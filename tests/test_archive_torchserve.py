@@ -1,0 +1,130 @@
+"""Round trips between handlerkit.archive and the real TorchServe 0.12.
+
+- An archive built by ``handlerkit.archive.build`` — as a ``.mar``, a ``.tar.gz`` and a
+  ``no-archive`` folder — is served by a live TorchServe (one server for the module, on
+  loopback, started and stopped with tests/_ts_server.py's helpers), which answers what
+  ``Harness.run`` on the same archive (``MockContext.from_mar``) predicts, and reports the
+  manifest's version and the archived model config.
+
+The other way round (an archive built by the real ``torch-model-archiver`` opens in handlerkit
+with the same manifest) needs no server: tests/test_archive.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _ts_server import ServerError, TorchServe, missing_requirements
+
+_missing = missing_requirements()
+pytestmark = [
+    pytest.mark.torchserve,
+    pytest.mark.server,
+    pytest.mark.skipif(_missing is not None, reason=f"real TorchServe server: {_missing}"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "fixtures" / "models" / "image_classifier"
+IMAGES = [REPO / "fixtures" / "images" / name for name in ("circle.png", "star.jpg")]
+ATOL = 1e-5
+STARTUP_TIMEOUT_S = 180
+
+#: handlerkit's ImageClassifier in a handler file, so the worker imports handlerkit.
+HANDLER = '''\
+"""handlerkit's ImageClassifier, archived by handlerkit.archive (tests/test_archive_torchserve.py)."""
+from handlerkit.handlers.image_classifier import ImageClassifier
+
+
+class Shapes(ImageClassifier):
+    pass
+'''
+
+FORMS = {"shapes_mar": "default", "shapes_tgz": "tgz", "shapes_dir": "no-archive"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Model name -> what handlerkit.archive.build wrote into a fresh model store."""
+    from handlerkit import archive
+
+    root = tmp_path_factory.mktemp("hk-archives")
+    handler = root / "src" / "shapes_handler.py"
+    handler.parent.mkdir()
+    handler.write_text(HANDLER)
+    store = root / "store"
+    return {
+        name: archive.build(DEMO, store, model_name=name, handler=str(handler), version="2.5", archive_format=fmt)
+        for name, fmt in FORMS.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, built: dict[str, Path]) -> Iterator[TorchServe]:
+    """One TorchServe serving every form, stopped at the end whatever happened."""
+    store = next(iter(built.values())).parent
+    ts = TorchServe(
+        root=tmp_path_factory.mktemp("ts-archive"),
+        models={name: path.name for name, path in built.items()},
+        model_store=store,
+    )
+    try:
+        ts.start(timeout=STARTUP_TIMEOUT_S)
+    except ServerError as exc:
+        ts.stop()
+        pytest.fail(str(exc), pytrace=False)
+    except BaseException:
+        ts.stop()
+        raise
+    sys.stderr.write(f"\nTorchServe ready in {ts.started_s:.1f} s ({ts.root})\n")
+    try:
+        yield ts
+    finally:
+        forced = ts.stop()
+        if forced:
+            warnings.warn(f"TorchServe did not stop cleanly: {forced}", stacklevel=1)
+
+
+def _harness(path: Path) -> Any:
+    import handlerkit as hk
+
+    ctx = hk.MockContext.from_model_dir(path)  # a .mar / .tar.gz is opened with from_mar
+    h = hk.Harness(ctx.manifest["model"]["handler"], ctx)
+    h.initialize()
+    return h
+
+
+def assert_same_prediction(served: dict[str, float], local: dict[str, float], what: str) -> None:
+    assert list(served) == list(local) or set(served) == set(local), f"{what}: {served} vs {local}"
+    worst = max(abs(served[k] - local[k]) for k in served)
+    assert worst <= ATOL, f"{what}: differs by {worst:.2e}: server {served} vs harness {local}"
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_a_handlerkit_archive_serves_what_the_harness_predicts(server: TorchServe, built: dict[str, Path], name: str) -> None:
+    import handlerkit as hk
+
+    h = _harness(built[name])
+    for image in IMAGES:
+        content_type = "image/png" if image.suffix == ".png" else "image/jpeg"
+        resp = server.predict(name, image.read_bytes(), {"Content-Type": content_type})
+        assert resp.status == 200, f"{resp}\n{server.diagnostics(lines=25)}"
+        run = h.run(hk.batch(hk.Request.from_file(image), decode=True))
+        assert run.problems == []
+        assert_same_prediction(resp.json(), run.output[0], f"{name} {image.name}")
+    assert max(run.output[0], key=run.output[0].get) == "star"
+
+
+def test_torchserve_reads_the_manifest_and_config_handlerkit_wrote(server: TorchServe, built: dict[str, Path]) -> None:
+    for name in FORMS:
+        described = server.management("GET", f"/models/{name}")
+        assert described.status == 200, f"{described}\n{server.diagnostics(lines=25)}"
+        (model,) = described.json()
+        assert model["modelVersion"] == "2.5", model
+        assert (model["batchSize"], model["maxBatchDelay"]) == (4, 50), model  # the archived model-config.yaml
+        assert [w["status"] for w in model["workers"]] == ["READY"], model
