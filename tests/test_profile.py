@@ -180,7 +180,7 @@ def test_function_handler_has_one_handle_range():
         return (x @ x.T).sum(dim=1).tolist()
 
     h = hk.Harness(handle, hk.MockContext())
-    report = h.profile([[1], [2]], top=5)
+    report = h.profile([[1], [2]], top=50)  # every operator: self times are noisy
     assert list(report.stages) == ["handle"] and list(report.totals) == ["handle"]
     assert "aten::mm" in op_names(report, "handle") or "aten::matmul" in op_names(report, "handle")
     assert report.totals["handle"].calls == 1
@@ -199,7 +199,7 @@ def test_a_handle_that_bypasses_the_labels_says_so():
             pre, inf, post = self._stages
             return post(inf(pre(data)))
 
-    report = toy_harness(Grabbing()).profile([[1]], top=5)
+    report = toy_harness(Grabbing()).profile([[1]], top=50)  # every operator: self times are noisy
     assert list(report.stages) == ["handle"]
     assert "aten::mm" in op_names(report, "handle")
     assert any("MicroBatching" in n for n in report.notes)
@@ -220,7 +220,7 @@ def test_a_failing_stage_raises_and_leaves_the_handler_usable():
     assert not torch.autograd._profiler_enabled()
     toy.fail = False
     assert h.run([[1]]).output == good.output
-    report = profile_stages(h, hk.Batch.coerce([[1]]), warmup=0)  # profiling works again
+    report = profile_stages(h, hk.Batch.coerce([[1]]), warmup=0, top=50)  # profiling works again
     assert "aten::mm" in op_names(report, "inference")
     assert vars(toy)["preprocess"] is own_preprocess
 
