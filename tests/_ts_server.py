@@ -22,6 +22,7 @@ request, each with a timeout.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import http.client
 import json
 import os
@@ -33,7 +34,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -489,3 +491,29 @@ def _kill_leftovers() -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+@contextlib.contextmanager
+def serving(root: Path, archives: Mapping[str, Path], timeout: float) -> Iterator[TorchServe]:
+    """A started TorchServe serving ``archives`` (name -> archive, all in one store), stopped at
+    the end whatever happened; a server that does not start fails the test with its logs."""
+    import pytest
+
+    store = next(iter(archives.values())).parent
+    ts = TorchServe(root=root, models={name: path.name for name, path in archives.items()}, model_store=store)
+    try:
+        ts.start(timeout=timeout)
+    except ServerError as exc:
+        ts.stop()
+        pytest.fail(str(exc), pytrace=False)
+    except BaseException:
+        ts.stop()
+        raise
+    sys.stderr.write(f"\nTorchServe ready in {ts.started_s:.1f} s ({ts.root})\n")
+    try:
+        yield ts
+    finally:
+        forced = ts.stop()
+        if forced:
+            warnings.warn(f"TorchServe did not stop cleanly: {forced}", stacklevel=1)
+

@@ -12,15 +12,13 @@ with the same manifest) needs no server: tests/test_archive.py.
 
 from __future__ import annotations
 
-import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from _ts_server import ServerError, TorchServe, missing_requirements
+from _ts_server import TorchServe, missing_requirements, serving
 
 _missing = missing_requirements()
 pytestmark = [
@@ -67,27 +65,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, built: dict[str, Path]) -> Iterator[TorchServe]:
     """One TorchServe serving every form, stopped at the end whatever happened."""
-    store = next(iter(built.values())).parent
-    ts = TorchServe(
-        root=tmp_path_factory.mktemp("ts-archive"),
-        models={name: path.name for name, path in built.items()},
-        model_store=store,
-    )
-    try:
-        ts.start(timeout=STARTUP_TIMEOUT_S)
-    except ServerError as exc:
-        ts.stop()
-        pytest.fail(str(exc), pytrace=False)
-    except BaseException:
-        ts.stop()
-        raise
-    sys.stderr.write(f"\nTorchServe ready in {ts.started_s:.1f} s ({ts.root})\n")
-    try:
+    with serving(tmp_path_factory.mktemp("ts-archive"), built, STARTUP_TIMEOUT_S) as ts:
         yield ts
-    finally:
-        forced = ts.stop()
-        if forced:
-            warnings.warn(f"TorchServe did not stop cleanly: {forced}", stacklevel=1)
 
 
 def _harness(path: Path) -> Any:

@@ -36,7 +36,6 @@ import mimetypes
 import sys
 import threading
 import time
-import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from _ts_server import Response, ServerError, TorchServe, archive, log_contains, missing_requirements, multipart, tail
+from _ts_server import Response, TorchServe, archive, log_contains, missing_requirements, multipart, serving, tail
 
 _missing = missing_requirements()
 pytestmark = [
@@ -153,27 +152,8 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, archives: dict[str, Path]) -> Iterator[TorchServe]:
     """One TorchServe for the module, stopped at the end whatever happened."""
-    store = next(iter(archives.values())).parent
-    ts = TorchServe(
-        root=tmp_path_factory.mktemp("ts"),
-        models={name: mar.name for name, mar in archives.items()},
-        model_store=store,
-    )
-    try:
-        ts.start(timeout=STARTUP_TIMEOUT_S)
-    except ServerError as exc:
-        ts.stop()
-        pytest.fail(str(exc), pytrace=False)
-    except BaseException:
-        ts.stop()
-        raise
-    sys.stderr.write(f"\nTorchServe ready in {ts.started_s:.1f} s ({ts.root})\n")
-    try:
+    with serving(tmp_path_factory.mktemp("ts"), archives, STARTUP_TIMEOUT_S) as ts:
         yield ts
-    finally:
-        forced = ts.stop()
-        if forced:
-            warnings.warn(f"TorchServe did not stop cleanly: {forced}", stacklevel=1)
 
 
 @pytest.fixture(scope="module")
