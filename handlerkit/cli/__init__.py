@@ -39,6 +39,7 @@ _COMMANDS = {
     "compile": "compile",
     "archive": "archive",
     "inspect": "inspect",
+    "serve": "serve",
 }
 _INTERRUPTED = 130  # what a shell reports for Ctrl-C
 

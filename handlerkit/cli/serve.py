@@ -1,0 +1,87 @@
+"""``handlerkit serve MODEL --engine ray``: serve a model's handler over HTTP, TorchServe's URLs."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from handlerkit.cli._common import OK, InputError, Outcome, non_negative, positive
+
+HELP = "serve a model's handler over HTTP on a maintained engine (Ray Serve)"
+DESCRIPTION = (
+    "Serve the handler of MODEL (a model dir or a .mar) on Ray Serve with TorchServe's URLs: "
+    "POST /predictions/<model>, POST /explanations/<model>, GET /ping. model-config.yaml sets the "
+    "batching (batchSize, maxBatchDelay), the replicas (minWorkers, maxWorkers) and GPUs "
+    "(deviceType). Without --address a local Ray instance is started; HTTP listens on --host "
+    "(127.0.0.1). Blocks until Ctrl-C (or --for SECONDS). Needs: pip install 'handlerkit[ray]'."
+)
+
+
+def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("serve", help=HELP, description=DESCRIPTION, parents=parents)
+    parser.add_argument("model", metavar="MODEL", help="a model dir (an unpacked .mar) or a .mar file")
+    parser.add_argument("--engine", choices=["ray"], default="ray", help="the serving engine (default: ray)")
+    parser.add_argument("--handler", metavar="SPEC", help="handler spec (default: the manifest's handler)")
+    parser.add_argument("--address", metavar="ADDR",
+                        help="an existing Ray cluster (e.g. ray://head:10001 or auto); default: a new local instance")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=non_negative, default=8080, help="HTTP port (default: 8080, TorchServe's)")
+    parser.add_argument("--num-cpus", type=positive, metavar="N", help="CPUs of a new local Ray instance")
+    parser.add_argument("--for", dest="duration", type=float, metavar="SECONDS",
+                        help="stop after SECONDS (default: serve until Ctrl-C)")
+    parser.set_defaults(command=command)
+
+
+def command(args: argparse.Namespace) -> Outcome:
+    import os
+
+    if not os.path.exists(args.model):
+        raise InputError(f"no such model dir or archive: {args.model!r}")
+    from handlerkit._optional import require
+
+    ray = require("ray", feature="handlerkit serve --engine ray", extra="ray")
+    serve = require("ray.serve", feature="handlerkit serve --engine ray", extra="ray")
+    from handlerkit.serving.ray import app
+
+    application = app(args.model, handler=args.handler)
+    if args.address:
+        ray.init(address=args.address)
+    else:
+        ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(application, name="handlerkit", route_prefix="/")
+        url = f"http://{args.host}:{args.port}"
+        name = _model_name(args.model)
+        print(f"handlerkit: serving {name} at {url}/predictions/{name} (Ctrl-C to stop)", flush=True)
+        stopped = "stopped"
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does
+        try:
+            deadline = None if args.duration is None else time.monotonic() + args.duration
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic())))
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    print(f"handlerkit: {stopped}", file=sys.stderr)
+    return Outcome(OK, f"served {name} at {url}", {"model": name, "url": url, "engine": args.engine})
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _model_name(model: str) -> str:
+    from handlerkit.context import MockContext
+
+    return MockContext.from_model_dir(model).model_name

@@ -1,0 +1,152 @@
+"""HTTP to TorchServe's worker view and back, for any engine that serves a handler.
+
+A request is built as TorchServe 0.12's frontend builds it (see :mod:`handlerkit.requests`):
+URL query parameters become untyped parameters, then either the multipart / urlencoded form
+fields or the raw body under ``"body"``; the request's headers, with the frontend's own
+``url_path`` and ``explain`` replacing any the client sent. Responses are read back from the
+context as the worker writes them: per-request status, phrase and headers (content type
+included), ``bytes``/``str`` items as they are, anything else JSON (``indent=2``, as the worker).
+
+Differences from TorchServe a handler could notice: ASGI servers lower-case header names, so
+``Content-Type`` arrives as ``content-type`` (TorchServe keeps the client's case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from email import policy
+from email.parser import BytesParser
+from typing import Any, NamedTuple
+
+from handlerkit import _wire
+from handlerkit.context import read_responses
+from handlerkit.requests import Parameter, Request
+
+__all__ = ["Route", "Reply", "parse_route", "to_request", "replies", "error_reply"]
+
+#: What TorchServe's frontend adds; a client's own values of these are replaced.
+_FRONTEND_HEADERS = ("explain", "url_path")
+
+
+class Route(NamedTuple):
+    """Where a request goes: ``kind`` is ``"predict"``, ``"explain"``, ``"ping"`` or ``"unknown"``."""
+
+    kind: str
+    model: str | None = None
+    version: str | None = None
+    url_path: str = ""
+
+
+class Reply(NamedTuple):
+    """One HTTP answer: status, reason phrase, headers and body."""
+
+    status: int
+    phrase: str | None
+    headers: dict[str, str]
+    body: bytes
+
+
+def parse_route(path: str) -> Route:
+    """``/predictions/<model>[/<version>[/<more>]]``, ``/explanations/...`` or ``/ping``.
+
+    Segments are split as Java's ``String.split("/")`` does (trailing empty ones dropped), so
+    ``/predictions/m/1.0/v1/chat/`` gives ``url_path="v1/chat"``.
+    """
+    segments = path.strip("/").split("/") if path.strip("/") else []
+    if segments == ["ping"]:
+        return Route("ping")
+    if len(segments) >= 2 and segments[0] in ("predictions", "explanations"):
+        kind = "predict" if segments[0] == "predictions" else "explain"
+        version = segments[2] if len(segments) > 2 else None
+        return Route(kind, segments[1], version, "/".join(segments[3:]))
+    return Route("unknown")
+
+
+def _form_fields(content_type: str, body: bytes) -> list[Parameter]:
+    """Multipart fields as Netty's decoder gives them: plain fields untyped, uploads typed
+    (``application/octet-stream`` when the part names no type)."""
+    message = BytesParser(policy=policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+    )
+    fields = []
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not name:
+            continue
+        raw_type = part.get("Content-Type")
+        ctype = str(raw_type).split(";", 1)[0].strip() if raw_type is not None else None
+        if ctype is None and part.get_filename() is not None:
+            ctype = _wire.OCTET_STREAM
+        fields.append(Parameter(str(name), part.get_payload(decode=True) or b"", ctype))
+    return fields
+
+
+def to_request(
+    headers: Iterable[tuple[str, str]],
+    body: bytes,
+    *,
+    query: Sequence[tuple[str, str]] = (),
+    explain: bool = False,
+    url_path: str = "",
+) -> Request:
+    """The :class:`~handlerkit.requests.Request` TorchServe's frontend would forward for this HTTP request."""
+    hdrs = {k: v for k, v in headers if k not in _FRONTEND_HEADERS}
+    hdrs.update(explain="True" if explain else "False", url_path=url_path.rstrip("/"))
+    content_type = next((v for k, v in hdrs.items() if k.lower() == "content-type"), None)
+    if _wire.is_multipart(content_type):
+        params: tuple[Parameter, ...] = tuple(_form_fields(content_type or "", body))
+    elif _wire.is_urlencoded(_wire.media_type(content_type)):
+        params = tuple(Parameter(*f) for f in _wire.urlencoded_fields(body))
+    else:
+        params = (Parameter("body", body, _wire.media_type(content_type)),)
+    query_params = tuple(Parameter(k, v.encode("utf-8"), None) for k, v in query)
+    request = Request(query_params + params, hdrs, url_path=url_path)
+    return dataclasses.replace(request)  # validated once more as a whole (cheap)
+
+
+def _body(item: Any) -> bytes | None:
+    """The worker's encoding of one output item; None when JSON cannot encode it."""
+    if isinstance(item, (bytes, bytearray)):
+        return bytes(item)
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    try:
+        return json.dumps(item, indent=2).encode("utf-8")
+    except (TypeError, ValueError):
+        return None
+
+
+def error_reply(code: int, message: str, kind: str | None = None) -> Reply:
+    """TorchServe's error document ``{"code", "type", "message"}``."""
+    kind = kind or ("BadRequestException" if code < 500 else "ServiceUnavailableException" if code == 503
+                    else "InternalServerException")
+    body = json.dumps({"code": code, "type": kind, "message": message}, indent=2).encode("utf-8")
+    return Reply(code, None, {"content-type": "application/json"}, body)
+
+
+def replies(output: Any, context: Any, n: int) -> list[Reply]:
+    """One reply per request from what ``handle`` returned, read back as the worker does.
+
+    A return that is not a list of ``n`` items fails the whole batch with 503, as TorchServe's
+    ``Service.predict`` does.
+    """
+    if not isinstance(output, list):
+        return [error_reply(503, "Invalid model predict output")] * n
+    if len(output) != n:
+        return [error_reply(503, "number of batch response mismatched")] * n
+    infos = read_responses(context)
+    out = []
+    for i, item in enumerate(output):
+        body = _body(item)
+        if body is None:
+            return [error_reply(503, "Unsupported model output data type.")] * n
+        code, phrase, headers = infos[i] if i < len(infos) else (200, None, {})
+        out.append(Reply(code or 200, phrase or None, {k: str(v) for k, v in _plain(headers).items()}, body))
+    return out
+
+
+def _plain(headers: Mapping[str, Any]) -> dict[str, Any]:
+    # Empty content types are not sent (the worker encodes them as absent).
+    return {k: v for k, v in headers.items() if not (k.lower() == "content-type" and not v)}

@@ -1,0 +1,175 @@
+"""The Ray Serve replica that runs one TorchServe-contract handler (imports Ray: load it only
+through :mod:`handlerkit.serving.ray`, which checks Ray is installed first).
+
+One replica is one TorchServe worker: ``initialize`` once with a context built from the model
+dir, then one ``handle(data, context)`` at a time, on one thread, for batches that
+``@serve.batch`` gathers (``batchSize`` / ``maxBatchDelay``). Predictions and explanations
+are batched apart: TorchServe's frontend would mix them, and a handler picks explain mode from
+the first request's header, so a mixed batch answers some requests with the wrong kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import os
+import time
+from typing import Any
+
+import ray
+from ray import serve
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+
+from handlerkit.batches import Batch
+from handlerkit.context import MockContext
+from handlerkit.errors import PredictionException
+from handlerkit.loading import model_dir_imports, resolve_handler
+from handlerkit.serving._http import Reply, error_reply, parse_route, replies, to_request
+
+
+_KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
+
+
+class _Entry:
+    """A handler of any accepted kind as ``initialize(ctx)`` / ``handle(data, ctx)``."""
+
+    def __init__(self, handler: Any, model_dir: str, manifest: dict) -> None:
+        self.model_dir = model_dir
+        self.function: Any = None
+        self.instance: Any = None
+        if handler is None:
+            handler = (manifest.get("model") or {}).get("handler")
+            if not handler:
+                raise ValueError(f"no handler given and the manifest of {model_dir} names none")
+        if isinstance(handler, str):
+            resolved = resolve_handler(handler, model_dir)
+            self.instance, self.function = resolved.instance, resolved.function
+        elif inspect.isclass(handler):
+            with model_dir_imports(model_dir):
+                self.instance = handler()
+            self.function = self.instance.handle
+        elif hasattr(handler, "handle"):
+            self.instance, self.function = handler, handler.handle
+        elif callable(handler):
+            self.function = handler
+        else:
+            raise TypeError(f"handler must be a spec string, a class, an instance or a function: got {handler!r}")
+
+    def initialize(self, context: Any) -> None:
+        with model_dir_imports(self.model_dir):
+            if self.instance is None:
+                self.function(None, context)  # TorchServe initialises a function handler this way
+            elif hasattr(self.instance, "initialize"):
+                self.instance.initialize(context)
+
+    def handle(self, data: Any, context: Any) -> Any:
+        with model_dir_imports(self.model_dir):
+            return self.function(data, context)
+
+
+def _failure(exc: BaseException) -> tuple[int, str]:
+    """The code and message TorchServe's worker answers a whole batch with."""
+    if isinstance(exc, PredictionException) or type(exc).__name__ == "PredictionException":
+        return int(getattr(exc, "error_code", 500)), str(getattr(exc, "message", exc))
+    if isinstance(exc, MemoryError) or "CUDA" in str(exc):
+        return 507, "Out of resources"
+    return 503, "Prediction failed"
+
+
+class HandlerReplica:
+    """A Ray Serve ingress: ``/predictions``, ``/explanations`` and ``/ping`` for one model."""
+
+    def __init__(self, model: str, handler: Any, name: str, version: str | None, settings: dict[str, Any]) -> None:
+        gpu_ids = ray.get_gpu_ids()
+        # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPUs, so its first GPU is cuda:0 here.
+        self.context = MockContext.from_model_dir(
+            model, gpu_id=0 if gpu_ids else None, batch_size=settings["batch_size"], model_name=name
+        )
+        self.name, self.version = name, version
+        self.timeout = settings["response_timeout_s"]
+        model_dir = self.context.system_properties["model_dir"]
+        self.entry = _Entry(handler, model_dir, self.context.manifest)
+        self.entry.initialize(self.context)
+        # One thread: one handle() at a time, as one TorchServe worker; the event loop stays
+        # free to gather the next batch meanwhile.
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="handlerkit-handle")
+        self.batch_sizes: list[int] = []
+        for method in (self._predict, self._explain):
+            method.set_max_batch_size(settings["batch_size"])
+            method.set_batch_wait_timeout_s(settings["batch_wait_timeout_s"])
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def _run(self, requests: list[Any]) -> list[Reply]:
+        batch = Batch(requests)
+        batch.bind(self.context)
+        self.batch_sizes.append(len(batch))
+        start = time.perf_counter()
+        try:
+            output = self.entry.handle(batch.data, self.context)
+        except BaseException as exc:  # the worker answers every request of the batch
+            code, message = _failure(exc)
+            return [error_reply(code, message)] * len(batch)
+        metrics = self.context.metrics
+        metrics.add_time("PredictionTime", round((time.perf_counter() - start) * 1000, 2))
+        if len(getattr(metrics, "records", ())) > _KEEP_METRICS and hasattr(metrics, "clear"):
+            metrics.clear()  # a replica lives long: the recording store must not grow without end
+        return replies(output, self.context, len(batch))
+
+    async def _gather(self, requests: list[Any]) -> list[Reply]:
+        future = asyncio.wrap_future(self._pool.submit(self._run, requests))
+        try:
+            return await asyncio.wait_for(future, self.timeout)
+        except asyncio.TimeoutError:
+            message = f"the handler did not answer within responseTimeout ({self.timeout:g} s)"
+            return [error_reply(504, message, "RequestTimeoutException")] * len(requests)
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
+    async def _predict(self, requests: list[Any]) -> list[Reply]:
+        return await self._gather(requests)
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
+    async def _explain(self, requests: list[Any]) -> list[Reply]:
+        return await self._gather(requests)
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    async def __call__(self, http: HttpRequest) -> Response:
+        path, root = http.scope.get("path", "/"), http.scope.get("root_path", "")
+        route = parse_route(path[len(root):] if root and path.startswith(root) else path)
+        if route.kind == "ping":
+            return _response(Reply(200, None, {"content-type": "application/json"}, b'{\n  "status": "Healthy"\n}'))
+        if route.kind == "unknown":
+            return _response(error_reply(404, "Requested resource is not found, please refer to API document.",
+                                         "ResourceNotFoundException"))
+        if route.model != self.name:
+            return _response(error_reply(404, f"Model not found: {route.model}", "ModelNotFoundException"))
+        if route.version is not None and self.version is not None and route.version != self.version:
+            return _response(error_reply(404, f"Model version: {route.version} does not exist for model: {self.name}",
+                                         "ModelVersionNotFoundException"))
+        body = await http.body()
+        try:
+            request = to_request(http.headers.items(), body, query=http.query_params.multi_items(),
+                                 explain=route.kind == "explain", url_path=route.url_path)
+        except ValueError as exc:
+            return _response(error_reply(400, str(exc)))
+        method = self._explain if route.kind == "explain" else self._predict
+        reply = await method(request)
+        return _response(reply, request.request_id)
+
+    def stats(self) -> dict[str, Any]:
+        """The batch sizes this replica ran (for tests and the benchmark), and its pid."""
+        import torch
+
+        return {"batch_sizes": list(self.batch_sizes), "pid": os.getpid(), "torch_threads": torch.get_num_threads(),
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+
+
+def _response(reply: Reply, request_id: str | None = None) -> Response:
+    headers = dict(reply.headers)
+    media = headers.pop("content-type", None) or headers.pop("Content-Type", None)
+    if request_id is not None:
+        headers.setdefault("x-request-id", request_id)
+    return Response(reply.body, status_code=reply.status, headers=headers, media_type=media)

@@ -1,0 +1,129 @@
+"""Serve any TorchServe-contract handler on Ray Serve, unchanged (``pip install 'handlerkit[ray]'``).
+
+::
+
+    from ray import serve
+    from handlerkit.serving.ray import app
+
+    serve.run(app("model_store/shapes.mar"))   # POST /predictions/<model>, /explanations/<model>, GET /ping
+
+model-config.yaml drives the deployment as it drives TorchServe: ``batchSize`` →
+``@serve.batch(max_batch_size)``, ``maxBatchDelay`` (ms) → ``batch_wait_timeout_s``,
+``minWorkers``/``maxWorkers`` → replicas (autoscaling between them when they differ),
+``deviceType: gpu`` → one GPU per replica (``gpu_id`` in the context), ``responseTimeout`` (s)
+→ a 504 for a batch that takes longer, ``jobQueueSize`` → ``max_ongoing_requests``.
+Each replica builds its context with :meth:`handlerkit.MockContext.from_model_dir` and runs
+``initialize`` once; HTTP is translated as TorchServe's frontend and worker do
+(:mod:`handlerkit.serving._http`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from handlerkit._optional import require
+from handlerkit.config import parse_config
+from handlerkit.context import MockContext
+
+__all__ = ["app", "deployment_options"]
+
+#: TorchServe's defaults where model-config.yaml says nothing.
+_DEFAULT_RESPONSE_TIMEOUT_S = 120
+_DEFAULT_QUEUE = 100
+
+
+def deployment_options(
+    config: Any, *, num_replicas: int | None = None, num_gpus: float | None = None, num_cpus: float | None = None
+) -> dict[str, Any]:
+    """The Ray Serve deployment options and batch settings a model config asks for.
+
+    Args:
+        config: a :class:`~handlerkit.config.ModelConfig` or the raw mapping.
+        num_replicas: overrides ``minWorkers``/``maxWorkers``.
+        num_gpus: GPUs per replica; overrides ``deviceType``.
+        num_cpus: CPUs per replica (default 1, or 0 with a GPU). Ray sets ``OMP_NUM_THREADS`` to
+            it, so it is also the replica's torch thread count.
+
+    Returns:
+        ``{"deployment": {...serve.deployment options...}, "batch_size", "batch_wait_timeout_s",
+        "response_timeout_s"}``.
+    """
+    cfg = config if hasattr(config, "batch_size") else parse_config(config or {})
+    batch_size = max(1, cfg.batch_size or 1)
+    delay_ms = cfg.max_batch_delay if cfg.max_batch_delay is not None else 100  # TorchServe's default
+    if num_gpus is None:
+        num_gpus = 1 if cfg.device_type == "gpu" else 0
+    deployment: dict[str, Any] = {
+        "ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus if num_cpus is not None else (0 if num_gpus else 1)},
+        # A replica must accept a whole batch at once (Ray's default is 5) and queue the next.
+        "max_ongoing_requests": max(cfg.job_queue_size or _DEFAULT_QUEUE, 2 * batch_size),
+    }
+    low, high = max(1, cfg.min_workers or 1), cfg.max_workers
+    if num_replicas is not None:
+        deployment["num_replicas"] = num_replicas
+    elif high is not None and high > low:
+        deployment["autoscaling_config"] = {"min_replicas": low, "max_replicas": high,
+                                            "target_ongoing_requests": batch_size}
+    else:
+        deployment["num_replicas"] = low
+    return {
+        "deployment": deployment,
+        "batch_size": batch_size,
+        "batch_wait_timeout_s": delay_ms / 1000.0,
+        "response_timeout_s": float(cfg.response_timeout or _DEFAULT_RESPONSE_TIMEOUT_S),
+    }
+
+
+def app(
+    model: str | os.PathLike[str],
+    *,
+    handler: Any = None,
+    name: str | None = None,
+    num_replicas: int | None = None,
+    num_gpus: float | None = None,
+    num_cpus: float | None = None,
+    batch_size: int | None = None,
+    max_batch_delay_ms: float | None = None,
+    response_timeout_s: float | None = None,
+) -> Any:
+    """A Ray Serve application that runs the handler of ``model`` as TorchServe would.
+
+    Args:
+        model: a model dir or a ``.mar`` (on a cluster, a path every node can read).
+        handler: the manifest's handler by default; or a spec string (``"handler.py"``,
+            ``"image_classifier"``, ``"ts.torch_handler.image_classifier"``,
+            ``"handler.py:handle"``), a handler class, an instance or a module-level
+            ``handle(data, context)`` function (classes and functions must be importable by
+            the replicas: defined in a module, not in ``__main__`` on a remote cluster).
+        name: the model name in URLs (default: the manifest's ``modelName``).
+        num_replicas: fixed replica count (default: from ``minWorkers``/``maxWorkers``).
+        num_gpus: GPUs per replica (default: 1 with ``deviceType: gpu``, else 0).
+        num_cpus: CPUs per replica (default: 1, 0 with a GPU); Ray sets the replica's
+            ``OMP_NUM_THREADS`` (torch's thread count) to it.
+        batch_size: overrides ``batchSize``.
+        max_batch_delay_ms: overrides ``maxBatchDelay``.
+        response_timeout_s: overrides ``responseTimeout``.
+
+    Returns:
+        A ``ray.serve.Application`` for ``serve.run``.
+    """
+    serve = require("ray.serve", feature="handlerkit.serving.ray", extra="ray")
+    from handlerkit.serving._replica import HandlerReplica
+
+    path = os.path.abspath(os.fspath(model))
+    ctx = MockContext.from_model_dir(path)  # reads the manifest and config (a .mar is opened)
+    cfg = parse_config(ctx.model_yaml_config, source=f"{path} model config")
+    options = deployment_options(cfg, num_replicas=num_replicas, num_gpus=num_gpus, num_cpus=num_cpus)
+    if batch_size is not None:
+        options["batch_size"] = max(1, int(batch_size))
+    if max_batch_delay_ms is not None:
+        options["batch_wait_timeout_s"] = float(max_batch_delay_ms) / 1000.0
+    if response_timeout_s is not None:
+        options["response_timeout_s"] = float(response_timeout_s)
+    deployment = options.pop("deployment")
+    deployment["max_ongoing_requests"] = max(deployment["max_ongoing_requests"], 2 * options["batch_size"])
+    model_name = name or ctx.model_name
+    version = (ctx.manifest.get("model") or {}).get("modelVersion")
+    replica = serve.deployment(HandlerReplica, name=f"handlerkit-{model_name}", **deployment)
+    return replica.bind(path, handler, model_name, version, options)

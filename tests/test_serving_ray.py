@@ -1,0 +1,196 @@
+"""The Ray Serve adapter against a real local Ray instance (loopback only, 2 CPUs).
+
+One Ray instance for the module: the fixture classifier under handlerkit's handler and under
+TorchServe's own ``ts.torch_handler.image_classifier``, each answer compared with the harness.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ray  # the `ray` extra is in the test extra: CI has it, and a missing ray fails
+from ray import serve
+
+import handlerkit as hk
+from handlerkit.serving._http import parse_route, to_request
+from handlerkit.serving.ray import app, deployment_options
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "fixtures" / "models" / "image_classifier"
+IMAGES = sorted(p for p in (ROOT / "fixtures" / "images").iterdir() if p.suffix in (".png", ".jpg"))
+TRUNCATED = ROOT / "fixtures" / "bad" / "truncated.png"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, port: int, handles: dict[str, Any]) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.handles = handles
+
+    def post(self, path: str, path_or_bytes: Path | bytes, content_type: str | None = None) -> tuple[int, dict, bytes]:
+        data = path_or_bytes.read_bytes() if isinstance(path_or_bytes, Path) else path_or_bytes
+        headers = {"Content-Type": content_type} if content_type else {}
+        request = urllib.request.Request(self.base + path, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    port = _free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        handles = {
+            "hk": serve.run(app(MODEL), name="hk", route_prefix="/"),
+            "ts": serve.run(app(MODEL, handler="ts.torch_handler.image_classifier", name="ts_classifier",
+                                num_replicas=1), name="ts", route_prefix="/ts"),
+        }
+        yield Served(port, handles)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def _expected(handler: str, path: Path) -> Any:
+    ctx = hk.MockContext.from_model_dir(MODEL)
+    run = hk.Harness(handler, ctx).run(hk.batch(hk.Request.from_file(path)))
+    return run.output[0]
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert list(got) == list(want)  # same labels, same order
+    assert list(got.values()) == pytest.approx(list(want.values()), abs=1e-4)
+
+
+def test_cli_serve_prints_the_url_and_answers(tmp_path: Path) -> None:
+    # First in the module: its own local Ray instance, before the module's one starts.
+    import subprocess
+    import sys
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "handlerkit.cli", "serve", str(MODEL), "--engine", "ray",
+           "--port", str(port), "--num-cpus", "2", "--for", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # the URL line, printed once serving (or EOF on failure)
+        url = f"http://127.0.0.1:{port}/predictions/image_classifier"
+        assert url in line, line
+        status, _, body = Served(port, {}).post("/predictions/image_classifier", IMAGES[0], "image/png")
+        assert status == 200, body
+        _assert_same(json.loads(body), _expected("image_classifier", IMAGES[0]))
+    finally:
+        proc.terminate()  # SIGTERM: Ray's own handler shuts the local instance down
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_64_concurrent_requests_batched_and_equal_to_the_harness(served: Served) -> None:
+    expected = {p: _expected("image_classifier", p) for p in IMAGES}
+    jobs = [IMAGES[i % len(IMAGES)] for i in range(64)]
+
+    def client(k: int) -> list[tuple[Path, int, bytes]]:
+        return [(p, *served.post("/predictions/image_classifier", p, "image/png" if p.suffix == ".png" else "image/jpeg")[::2])
+                for p in jobs[k::8]]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = [a for chunk in pool.map(client, range(8)) for a in chunk]
+    assert len(answers) == 64
+    for path, status, body in answers:
+        assert status == 200, body
+        _assert_same(json.loads(body), expected[path])
+    sizes = served.handles["hk"].stats.remote().result()["batch_sizes"]
+    assert sum(sizes) >= 64
+    assert max(sizes) > 1, sizes  # really batched
+    assert max(sizes) <= 4  # batchSize of the model config
+
+
+def test_a_corrupt_image_fails_alone_with_its_own_4xx(served: Served) -> None:
+    good = IMAGES[:3]
+    items: list[Path] = [good[0], TRUNCATED, good[1], good[2]] * 2
+
+    def send(p: Path) -> tuple[int, dict, bytes]:
+        return served.post("/predictions/image_classifier", p, "image/png" if p.suffix == ".png" else "image/jpeg")
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(send, items))
+    for path, (status, _, body) in zip(items, results):
+        if path == TRUNCATED:
+            assert status == 400, body
+            error = json.loads(body)
+            assert set(error) == {"code", "error", "fix"} and error["code"] == 400
+        else:
+            assert status == 200, body
+            _assert_same(json.loads(body), _expected("image_classifier", path))
+
+
+def test_torchserve_own_image_classifier_runs_unchanged(served: Served) -> None:
+    image = IMAGES[0]
+    status, _, body = served.post("/ts/predictions/ts_classifier", image, "image/png")
+    assert status == 200, body
+    _assert_same(json.loads(body), _expected("ts.torch_handler.image_classifier", image))
+
+
+def test_routes_ping_unknown_model_and_version(served: Served) -> None:
+    with urllib.request.urlopen(served.base + "/ping", timeout=30) as resp:
+        assert json.loads(resp.read()) == {"status": "Healthy"}
+    status, _, body = served.post("/predictions/nope", IMAGES[0], "image/png")
+    assert status == 404 and json.loads(body)["type"] == "ModelNotFoundException"
+    status, _, body = served.post("/predictions/image_classifier/9.9", IMAGES[0], "image/png")
+    assert status == 404, body
+    status, _, _ = served.post("/predictions/image_classifier/1.0", IMAGES[0], "image/png")
+    assert status == 200
+
+
+# -- the translation, without Ray's HTTP ------------------------------------------------------
+
+
+def test_http_translation_matches_the_frontend() -> None:
+    assert parse_route("/predictions/m/1.0/v1/chat/") == ("predict", "m", "1.0", "v1/chat")
+    assert parse_route("/explanations/m") == ("explain", "m", None, "")
+    req = to_request([("content-type", "application/json"), ("explain", "True")], b'{"a": 1}', url_path="x")
+    batch = hk.batch(req)
+    assert batch.data == [{"body": {"a": 1}}]
+    assert batch.headers[0]["explain"] == "False" and batch.headers[0]["url_path"] == "x"  # the frontend's win
+    png = IMAGES[0].read_bytes()
+    body = (b"--XyZ\r\nContent-Disposition: form-data; name=\"data\"; filename=\"a.png\"\r\nContent-Type: image/png\r\n\r\n"
+            + png + b"\r\n--XyZ\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhello\r\n--XyZ--\r\n")
+    req = to_request([("content-type", "multipart/form-data; boundary=XyZ")], body, query=[("k", "v")], explain=True)
+    data = hk.batch(req).data[0]
+    assert data == {"k": bytearray(b"v"), "data": bytearray(png), "note": bytearray(b"hello")}
+    assert hk.batch(req).headers[0]["explain"] == "True"
+
+
+def test_deployment_options_follow_the_model_config() -> None:
+    opts = deployment_options({"batchSize": 8, "maxBatchDelay": 20, "minWorkers": 1, "maxWorkers": 3,
+                               "deviceType": "gpu", "responseTimeout": 7})
+    assert opts["batch_size"] == 8 and opts["batch_wait_timeout_s"] == pytest.approx(0.02)
+    assert opts["response_timeout_s"] == 7
+    dep = opts["deployment"]
+    assert dep["autoscaling_config"]["min_replicas"] == 1 and dep["autoscaling_config"]["max_replicas"] == 3
+    assert dep["ray_actor_options"]["num_gpus"] == 1 and dep["max_ongoing_requests"] >= 16
+    assert deployment_options({"minWorkers": 2, "maxWorkers": 2})["deployment"]["num_replicas"] == 2
