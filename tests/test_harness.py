@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 import handlerkit as hk
+from _strict import Strict
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.handlers.image_classifier import ImageClassifier
 
@@ -205,16 +206,6 @@ def test_a_bad_request_is_answered_alone_by_the_builtin(harness, images):
     assert run.output[1] == {"code": 400, "error": "the 19-byte body is not an image PIL can read",
                              "fix": run.output[1]["fix"]} and run.output[1]["fix"]
     assert all("code" not in run.output[i] for i in (0, 2)) and run.problems == []
-
-
-class Strict(ImageClassifier):
-    """Fails the batch on a bad image, as TorchServe's vision handlers do."""
-
-    def preprocess(self, data):
-        images = super().preprocess(data)
-        if self.request_errors:
-            raise next(iter(self.request_errors.values()))
-        return images
 
 
 def test_bad_request_is_a_stage_error_with_the_request_index(model_dir, images):

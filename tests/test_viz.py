@@ -29,10 +29,10 @@ import pytest
 import torch
 
 import handlerkit as hk
+from _strict import Strict
 from handlerkit import viz
 from handlerkit.errors import HandlerkitError
 from handlerkit.results import StageResult
-from handlerkit.handlers.image_classifier import ImageClassifier
 
 matplotlib.use("Agg")
 
@@ -179,16 +179,6 @@ def test_golden_tokens(tmp_path):
     fig = viz.show(ids, handler=handler)
     assert "circle" in texts(fig) and "gradient" in texts(fig)
     check_golden("tokens", lambda: viz.show(ids, handler=handler), tmp_path)
-
-
-class Strict(ImageClassifier):
-    """Fails the batch on a bad image, as TorchServe's vision handlers do."""
-
-    def preprocess(self, data):
-        images = super().preprocess(data)
-        if self.request_errors:
-            raise next(iter(self.request_errors.values()))
-        return images
 
 
 def test_golden_error_card(tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import handlerkit as hk
+from _strict import Strict
 from handlerkit._render import Rendered, Table
 from handlerkit._widgets_panes import output_text, timing_html
 from handlerkit.handlers.image_classifier import ImageClassifier
@@ -111,17 +112,6 @@ def test_the_stepper_shows_what_the_harness_already_holds():
     stepper.refresh()
     assert "preprocess ok" in pane(stepper, "preprocess")
     assert enabled(stepper)["inference"]
-
-
-class Strict(ImageClassifier):
-    """Fails the batch on a bad image, as TorchServe's vision handlers do (the built-in answers
-    the bad request alone)."""
-
-    def preprocess(self, data):
-        images = super().preprocess(data)
-        if self.request_errors:
-            raise next(iter(self.request_errors.values()))
-        return images
 
 
 def test_a_stage_error_shows_its_fix_and_the_stepper_stays_usable():
