@@ -41,6 +41,14 @@ from pathlib import Path
 from typing import Any
 
 HOST = "127.0.0.1"
+#: The keys of one model in TorchServe 0.12's ``GET /models/<m>`` answer, in order (read from
+#: the real server: test_torchserve_server pins it; the Ray adapter's describe must match).
+DESCRIBE_KEYS = ("modelName", "modelVersion", "modelUrl", "runtime", "minWorkers", "maxWorkers", "batchSize",
+                 "maxBatchDelay", "responseTimeout", "startupTimeout", "maxRetryTimeoutInSec", "clientTimeoutInMills",
+                 "parallelType", "parallelLevel", "deviceType", "continuousBatching", "useJobTicket", "useVenv",
+                 "stateful", "sequenceMaxIdleMSec", "sequenceTimeoutMSec", "maxNumSequence", "maxSequenceJobQueueSize",
+                 "loadedAtStartup", "workers", "jobQueueStatus")
+WORKER_KEYS = ("id", "startTime", "status", "memoryUsage", "pid", "gpu", "gpuUsage")
 VENV_BIN = Path(sys.executable).parent
 
 #: Environment variables that would change how the launcher, the frontend or the worker

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -21,7 +22,7 @@ import ray  # the `ray` extra is in the test extra: CI has it, and a missing ray
 from ray import serve
 
 import handlerkit as hk
-from handlerkit.serving._http import parse_route, to_request
+from handlerkit.serving._http import customized_metadata, parse_route, to_request
 from handlerkit.serving.ray import app, deployment_options
 
 pytestmark = pytest.mark.ray
@@ -54,8 +55,21 @@ class Served:
             return exc.code, dict(exc.headers), exc.read()
 
 
+DESCRIBING = """
+from handlerkit.handlers.image_classifier import ImageClassifier
+
+
+class Describing(ImageClassifier):
+    def describe_handle(self):
+        return {"kind": "shapes", "classes": 5}
+"""
+
+
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    described = tmp_path_factory.mktemp("described") / "image_classifier"
+    shutil.copytree(MODEL, described)
+    (described / "describing.py").write_text(DESCRIBING)
     port = _free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -64,6 +78,9 @@ def served() -> Iterator[Served]:
             "hk": serve.run(app(MODEL), name="hk", route_prefix="/"),
             "ts": serve.run(app(MODEL, handler="ts.torch_handler.image_classifier", name="ts_classifier",
                                 num_replicas=1), name="ts", route_prefix="/ts"),
+            # Ray's own @serve.batch, a handler file in the model dir, no CPU reserved (2 are taken).
+            "sb": serve.run(app(described, handler="describing.py", name="described", batching="serve.batch",
+                                num_cpus=0), name="sb", route_prefix="/sb"),
         }
         yield Served(port, handles)
     finally:
@@ -127,6 +144,52 @@ def test_64_concurrent_requests_batched_and_equal_to_the_harness(served: Served)
     assert sum(sizes) >= 64
     assert max(sizes) > 1, sizes  # really batched
     assert max(sizes) <= 4  # batchSize of the model config
+    # Batches form when the worker is free, as in TorchServe: with 8 clients and batchSize 4
+    # most requests run in full batches (Ray's @serve.batch closes them as requests arrive).
+    assert sum(s for s in sizes if s == 4) >= 0.75 * sum(sizes), sizes
+
+
+def test_serve_batch_mode_answers_the_same(served: Served) -> None:
+    jobs = [IMAGES[i % len(IMAGES)] for i in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: served.post("/sb/predictions/described", p,
+                                                      "image/png" if p.suffix == ".png" else "image/jpeg"), jobs))
+    for path, (status, _, body) in zip(jobs, answers):
+        assert status == 200, body
+        _assert_same(json.loads(body), _expected("image_classifier", path))
+    assert max(served.handles["sb"].stats.remote().result()["batch_sizes"]) > 1
+
+
+def _get(served: Served, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(served.base + path, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_describe_answers_as_torchserve_management_api(served: Served) -> None:
+    from _ts_server import DESCRIBE_KEYS, WORKER_KEYS
+
+    status, body = _get(served, "/models/image_classifier")
+    assert status == 200, body
+    (model,) = body
+    assert tuple(model) == DESCRIBE_KEYS and tuple(model["workers"][0]) == WORKER_KEYS, model
+    assert (model["modelName"], model["batchSize"], model["maxBatchDelay"], model["deviceType"]) == (
+        "image_classifier", 4, 50, "cpu")
+    assert model["workers"][0]["status"] == "READY" and model["workers"][0]["gpu"] is False
+    assert model["workers"][0]["pid"] == served.handles["hk"].stats.remote().result()["pid"]
+    # customized=true asks the handler (describe: True, batch of one); None adds no key.
+    status, body = _get(served, "/models/image_classifier?customized=true")
+    assert status == 200 and "customizedMetadata" not in body[0], body
+    status, body = _get(served, "/sb/models/described/1.0?customized=true")
+    assert status == 200, body
+    assert tuple(body[0])[-1] == "customizedMetadata" and body[0]["customizedMetadata"] == {"kind": "shapes", "classes": 5}
+    assert _get(served, "/models/nope")[0] == 404
+    status, body = _get(served, "/models/image_classifier/9.9")
+    assert status == 404 and body["type"] == "ModelVersionNotFoundException"
+    status, _, body = served.post("/models/image_classifier", b"")
+    assert status == 405, body
 
 
 def test_a_corrupt_image_fails_alone_with_its_own_4xx(served: Served) -> None:
@@ -172,6 +235,13 @@ def test_routes_ping_unknown_model_and_version(served: Served) -> None:
 def test_http_translation_matches_the_frontend() -> None:
     assert parse_route("/predictions/m/1.0/v1/chat/") == ("predict", "m", "1.0", "v1/chat")
     assert parse_route("/explanations/m") == ("explain", "m", None, "")
+    assert parse_route("/models/m") == ("describe", "m", None, "")
+    assert parse_route("/models/m/2.0") == ("describe", "m", "2.0", "")
+    assert parse_route("/models/m/2.0/x").kind == "unknown"
+    # The frontend keeps a describe answer's JSON object, {} for anything else, nothing for None.
+    assert customized_metadata(b'{"a": 1}') == {"a": 1}
+    assert customized_metadata(b"[1, 2]") == {} and customized_metadata(b"not json") == {}
+    assert customized_metadata(b"null") is None and customized_metadata(b"") is None
     req = to_request([("content-type", "application/json"), ("explain", "True")], b'{"a": 1}', url_path="x")
     batch = hk.batch(req)
     assert batch.data == [{"body": {"a": 1}}]

@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from _ts_server import Response, TorchServe, archive, log_contains, missing_requirements, multipart, serving, tail
+from _ts_server import DESCRIBE_KEYS, WORKER_KEYS, Response, TorchServe, archive, log_contains, missing_requirements, multipart, serving, tail
 
 _missing = missing_requirements()
 pytestmark = [
@@ -264,6 +264,7 @@ def test_server_runs_this_venv_handlerkit_and_the_archived_config(server: TorchS
     described = server.management("GET", "/models/shapes")
     assert described.status == 200, _why(server, described)
     (model,) = described.json()
+    assert tuple(model) == DESCRIBE_KEYS and tuple(model["workers"][0]) == WORKER_KEYS, model
     assert (model["batchSize"], model["maxBatchDelay"]) == (4, 50), model
     assert model["deviceType"] == "cpu" and [w["status"] for w in model["workers"]] == ["READY"], model
     (batched,) = server.management("GET", "/models/shapes_batched").json()

@@ -7,8 +7,14 @@ fields or the raw body under ``"body"``; the request's headers, with the fronten
 context as the worker writes them: per-request status, phrase and headers (content type
 included), ``bytes``/``str`` items as they are, anything else JSON (``indent=2``, as the worker).
 
+``GET /models/<model>[/<version>][?customized=true]`` answers as TorchServe's management API
+does (:func:`description`): the model's settings, the worker that answered and, with
+``customized=true``, what the handler's ``describe_handle`` returned, from a describe request
+sent through the batch queue alone (``describe: "True"``, no parameters).
+
 Differences from TorchServe a handler could notice: ASGI servers lower-case header names, so
-``Content-Type`` arrives as ``content-type`` (TorchServe keeps the client's case).
+``Content-Type`` arrives as ``content-type`` (TorchServe keeps the client's case); a describe
+request also carries ``explain: "False"`` and ``url_path: ""``, as every handlerkit request does.
 """
 
 from __future__ import annotations
@@ -24,14 +30,16 @@ from handlerkit import _wire
 from handlerkit.context import read_responses
 from handlerkit.requests import Parameter, Request
 
-__all__ = ["Route", "Reply", "parse_route", "to_request", "replies", "error_reply"]
+__all__ = ["Route", "Reply", "parse_route", "to_request", "replies", "error_reply", "model_fields", "description",
+           "customized_metadata"]
 
 #: What TorchServe's frontend adds; a client's own values of these are replaced.
 _FRONTEND_HEADERS = ("explain", "url_path")
 
 
 class Route(NamedTuple):
-    """Where a request goes: ``kind`` is ``"predict"``, ``"explain"``, ``"ping"`` or ``"unknown"``."""
+    """Where a request goes: ``kind`` is ``"predict"``, ``"explain"``, ``"describe"``, ``"ping"``
+    or ``"unknown"``."""
 
     kind: str
     model: str | None = None
@@ -49,7 +57,8 @@ class Reply(NamedTuple):
 
 
 def parse_route(path: str) -> Route:
-    """``/predictions/<model>[/<version>[/<more>]]``, ``/explanations/...`` or ``/ping``.
+    """``/predictions/<model>[/<version>[/<more>]]``, ``/explanations/...``, ``/ping`` or
+    ``/models/<model>[/<version>]`` (describe).
 
     Segments are split as Java's ``String.split("/")`` does (trailing empty ones dropped), so
     ``/predictions/m/1.0/v1/chat/`` gives ``url_path="v1/chat"``.
@@ -61,6 +70,8 @@ def parse_route(path: str) -> Route:
         kind = "predict" if segments[0] == "predictions" else "explain"
         version = segments[2] if len(segments) > 2 else None
         return Route(kind, segments[1], version, "/".join(segments[3:]))
+    if len(segments) in (2, 3) and segments[0] == "models":
+        return Route("describe", segments[1], segments[2] if len(segments) == 3 else None)
     return Route("unknown")
 
 
@@ -150,3 +161,66 @@ def replies(output: Any, context: Any, n: int) -> list[Reply]:
 def _plain(headers: Mapping[str, Any]) -> dict[str, Any]:
     # Empty content types are not sent (the worker encodes them as absent).
     return {k: v for k, v in headers.items() if not (k.lower() == "content-type" and not v)}
+
+
+def model_fields(config: Any, *, name: str, version: str | None, url: str, gpu: bool) -> dict[str, Any]:
+    """The settings TorchServe 0.12 lists for a model in ``GET /models/<m>``, in its order, with
+    its defaults where ``config`` (a :class:`~handlerkit.config.ModelConfig`) says nothing."""
+
+    def get(attr: str, default: Any) -> Any:
+        value = getattr(config, attr, None)
+        return default if value is None else value
+
+    return {
+        "modelName": name,
+        "modelVersion": version or "1.0",
+        "modelUrl": url,
+        "runtime": "python",
+        "minWorkers": get("min_workers", 1),
+        "maxWorkers": get("max_workers", get("min_workers", 1)),
+        "batchSize": get("batch_size", 1),
+        "maxBatchDelay": get("max_batch_delay", 100),
+        "responseTimeout": get("response_timeout", 120),
+        "startupTimeout": get("startup_timeout", 120),
+        "maxRetryTimeoutInSec": get("max_retry_timeout_in_sec", 300),
+        "clientTimeoutInMills": get("client_timeout_in_mills", 0),
+        "parallelType": get("parallel_type", ""),
+        "parallelLevel": get("parallel_level", 0),
+        "deviceType": "gpu" if gpu else "cpu",
+        "continuousBatching": get("continuous_batching", False),
+        "useJobTicket": get("use_job_ticket", False),
+        "useVenv": False,
+        "stateful": get("sequence_batching", False),
+        "sequenceMaxIdleMSec": get("sequence_max_idle_msec", 0),
+        "sequenceTimeoutMSec": get("sequence_timeout_msec", 0),
+        "maxNumSequence": get("max_num_sequence", 0),
+        "maxSequenceJobQueueSize": get("max_sequence_job_queue_size", 0),
+        "loadedAtStartup": True,
+    }
+
+
+
+def customized_metadata(body: bytes) -> Any:
+    """What TorchServe's frontend makes of a describe answer: the JSON object it holds; ``{}``
+    for anything else (it logs "Customized metadata should be a dictionary."); absent (None
+    here) when the handler returned None or nothing."""
+    text = body.decode("utf-8", "replace").strip()
+    if not text or text == "null":
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def description(fields: Mapping[str, Any], *, worker: Mapping[str, Any], pending: int, capacity: int,
+                customized: Any = None) -> Reply:
+    """TorchServe's describe answer: a JSON list of one model, ``customizedMetadata`` last when
+    given (a Ray replica lists itself as the one worker)."""
+    model = dict(fields)
+    model["workers"] = [dict(worker)]
+    model["jobQueueStatus"] = {"remainingCapacity": max(0, capacity - pending), "pendingRequests": pending}
+    if customized is not None:
+        model["customizedMetadata"] = customized
+    return Reply(200, None, {"content-type": "application/json"}, json.dumps([model], indent=2).encode("utf-8"))

@@ -2,16 +2,19 @@
 through :mod:`handlerkit.serving.ray`, which checks Ray is installed first).
 
 One replica is one TorchServe worker: ``initialize`` once with a context built from the model
-dir, then one ``handle(data, context)`` at a time, on one thread, for batches that
-``@serve.batch`` gathers (``batchSize`` / ``maxBatchDelay``). Predictions and explanations
-are batched apart: TorchServe's frontend would mix them, and a handler picks explain mode from
-the first request's header, so a mixed batch answers some requests with the wrong kind.
+dir, then one ``handle(data, context)`` at a time, on one thread. Batches are formed when that
+thread is free, as TorchServe forms them (:class:`~handlerkit.serving._batcher.Batcher`), or,
+with ``batching="serve.batch"``, by Ray's ``@serve.batch`` as requests arrive. Predictions and
+explanations are batched apart: TorchServe's frontend would mix them, and a handler picks
+explain mode from the first request's header, so a mixed batch answers some requests with the
+wrong kind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 import inspect
 import os
 import time
@@ -26,7 +29,10 @@ from handlerkit.batches import Batch
 from handlerkit.context import MockContext
 from handlerkit.errors import PredictionException
 from handlerkit.loading import model_dir_imports, resolve_handler
-from handlerkit.serving._http import Reply, error_reply, parse_route, replies, to_request
+from handlerkit.serving._batcher import Batcher
+from handlerkit.requests import Request
+from handlerkit.serving._http import (Reply, customized_metadata, description, error_reply, parse_route, replies,
+                                      to_request)
 
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
@@ -96,9 +102,17 @@ class HandlerReplica:
         # free to gather the next batch meanwhile.
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="handlerkit-handle")
         self.batch_sizes: list[int] = []
+        self.handle_ms: list[float] = []
+        self._batcher: Batcher | None = None
+        if settings.get("batching", "torchserve") == "torchserve":
+            self._batcher = Batcher(self._kind_batch, max_batch_size=settings["batch_size"],
+                                    max_delay_s=settings["batch_wait_timeout_s"], solo=("describe",))
         for method in (self._predict, self._explain):
             method.set_max_batch_size(settings["batch_size"])
             method.set_batch_wait_timeout_s(settings["batch_wait_timeout_s"])
+        self._fields = settings.get("describe") or {}
+        self._capacity = settings.get("queue_capacity", 100)
+        self._started = datetime.datetime.now(datetime.timezone.utc)
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -112,8 +126,10 @@ class HandlerReplica:
         except BaseException as exc:  # the worker answers every request of the batch
             code, message = _failure(exc)
             return [error_reply(code, message)] * len(batch)
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        self.handle_ms.append(elapsed_ms)
         metrics = self.context.metrics
-        metrics.add_time("PredictionTime", round((time.perf_counter() - start) * 1000, 2))
+        metrics.add_time("PredictionTime", round(elapsed_ms, 2))
         if len(getattr(metrics, "records", ())) > _KEEP_METRICS and hasattr(metrics, "clear"):
             metrics.clear()  # a replica lives long: the recording store must not grow without end
         return replies(output, self.context, len(batch))
@@ -125,6 +141,9 @@ class HandlerReplica:
         except asyncio.TimeoutError:
             message = f"the handler did not answer within responseTimeout ({self.timeout:g} s)"
             return [error_reply(504, message, "RequestTimeoutException")] * len(requests)
+
+    async def _kind_batch(self, kind: str, requests: list[Any]) -> list[Reply]:
+        return await self._gather(requests)
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
     async def _predict(self, requests: list[Any]) -> list[Reply]:
@@ -144,27 +163,71 @@ class HandlerReplica:
         if route.kind == "unknown":
             return _response(error_reply(404, "Requested resource is not found, please refer to API document.",
                                          "ResourceNotFoundException"))
+        if route.kind == "describe" and http.method != "GET":
+            return _response(error_reply(405, "only GET /models/<model> of TorchServe's management API is served here",
+                                         "MethodNotAllowedException"))
         if route.model != self.name:
             return _response(error_reply(404, f"Model not found: {route.model}", "ModelNotFoundException"))
         if route.version is not None and self.version is not None and route.version != self.version:
             return _response(error_reply(404, f"Model version: {route.version} does not exist for model: {self.name}",
                                          "ModelVersionNotFoundException"))
+        if route.kind == "describe":
+            return _response(await self._describe(http))
         body = await http.body()
         try:
             request = to_request(http.headers.items(), body, query=http.query_params.multi_items(),
                                  explain=route.kind == "explain", url_path=route.url_path)
         except ValueError as exc:
             return _response(error_reply(400, str(exc)))
-        method = self._explain if route.kind == "explain" else self._predict
-        reply = await method(request)
+        if self._batcher is not None:
+            reply = await self._batcher.submit(request, route.kind)
+        else:
+            reply = await (self._explain if route.kind == "explain" else self._predict)(request)
         return _response(reply, request.request_id)
 
+    async def _describe(self, http: HttpRequest) -> Reply:
+        """TorchServe's ``GET /models/<m>[?customized=true]``, the handler asked through the queue."""
+        customized = None
+        if http.query_params.get("customized", "").lower() == "true":
+            request = Request((), {**dict(http.headers.items()), "describe": "True"})
+            if self._batcher is not None:
+                reply = await self._batcher.submit(request, "describe")
+            else:
+                (reply,) = await self._gather([request])
+            if reply.status >= 400:
+                return reply
+            customized = customized_metadata(reply.body)
+        pending = self._batcher.pending if self._batcher is not None else 0
+        return description(self._fields, worker=self._worker(), pending=pending, capacity=self._capacity,
+                           customized=customized)
+
+    def _worker(self) -> dict[str, Any]:
+        """This replica as TorchServe lists a worker."""
+        try:
+            replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # outside a replica (tests of the class itself)
+            replica_id = str(os.getpid())
+        started = self._started.strftime("%Y-%m-%dT%H:%M:%S.") + f"{self._started.microsecond // 1000:03d}Z"
+        return {"id": replica_id, "startTime": started, "status": "READY", "memoryUsage": _rss_bytes(),
+                "pid": os.getpid(), "gpu": self.context.system_properties.get("gpu_id") is not None,
+                "gpuUsage": "N/A"}
+
     def stats(self) -> dict[str, Any]:
-        """The batch sizes this replica ran (for tests and the benchmark), and its pid."""
+        """The batch sizes this replica ran and how long each ``handle`` took (ms), its pid and
+        thread settings (for tests and the benchmark)."""
         import torch
 
-        return {"batch_sizes": list(self.batch_sizes), "pid": os.getpid(), "torch_threads": torch.get_num_threads(),
+        return {"batch_sizes": list(self.batch_sizes), "handle_ms": list(self.handle_ms), "pid": os.getpid(), "torch_threads": torch.get_num_threads(),
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory, or 0 where /proc does not say."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
 
 
 def _response(reply: Reply, request_id: str | None = None) -> Response:

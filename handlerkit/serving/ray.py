@@ -5,10 +5,12 @@
     from ray import serve
     from handlerkit.serving.ray import app
 
-    serve.run(app("model_store/shapes.mar"))   # POST /predictions/<model>, /explanations/<model>, GET /ping
+    serve.run(app("model_store/shapes.mar"))
+    # POST /predictions/<model>, /explanations/<model>; GET /ping, /models/<model>[?customized=true]
 
-model-config.yaml drives the deployment as it drives TorchServe: ``batchSize`` →
-``@serve.batch(max_batch_size)``, ``maxBatchDelay`` (ms) → ``batch_wait_timeout_s``,
+model-config.yaml drives the deployment as it drives TorchServe: ``batchSize`` and
+``maxBatchDelay`` (ms) → batches formed when the handler is free, as TorchServe forms them
+(or Ray's ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` with ``batching="serve.batch"``),
 ``minWorkers``/``maxWorkers`` → replicas (autoscaling between them when they differ),
 ``deviceType: gpu`` → one GPU per replica (``gpu_id`` in the context), ``responseTimeout`` (s)
 → a 504 for a batch that takes longer, ``jobQueueSize`` → ``max_ongoing_requests``.
@@ -25,12 +27,14 @@ from typing import Any
 from handlerkit._optional import require
 from handlerkit.config import parse_config
 from handlerkit.context import MockContext
+from handlerkit.serving._http import model_fields
 
 __all__ = ["app", "deployment_options"]
 
 #: TorchServe's defaults where model-config.yaml says nothing.
 _DEFAULT_RESPONSE_TIMEOUT_S = 120
 _DEFAULT_QUEUE = 100
+_BATCHING = ("torchserve", "serve.batch")
 
 
 def deployment_options(
@@ -86,6 +90,7 @@ def app(
     batch_size: int | None = None,
     max_batch_delay_ms: float | None = None,
     response_timeout_s: float | None = None,
+    batching: str = "torchserve",
 ) -> Any:
     """A Ray Serve application that runs the handler of ``model`` as TorchServe would.
 
@@ -104,10 +109,16 @@ def app(
         batch_size: overrides ``batchSize``.
         max_batch_delay_ms: overrides ``maxBatchDelay``.
         response_timeout_s: overrides ``responseTimeout``.
+        batching: ``"torchserve"`` forms each batch when the handler is free, as TorchServe's
+            frontend does; ``"serve.batch"`` uses Ray's ``@serve.batch``, which closes batches
+            as requests arrive even while the handler is busy (smaller batches under load:
+            ``benchmarks/ray_vs_torchserve.py`` shows both).
 
     Returns:
         A ``ray.serve.Application`` for ``serve.run``.
     """
+    if batching not in _BATCHING:
+        raise ValueError(f"batching must be one of {', '.join(map(repr, _BATCHING))}, got {batching!r}")
     serve = require("ray.serve", feature="handlerkit.serving.ray", extra="ray")
     from handlerkit.serving._replica import HandlerReplica
 
@@ -121,9 +132,13 @@ def app(
         options["batch_wait_timeout_s"] = float(max_batch_delay_ms) / 1000.0
     if response_timeout_s is not None:
         options["response_timeout_s"] = float(response_timeout_s)
+    options["batching"] = batching
     deployment = options.pop("deployment")
     deployment["max_ongoing_requests"] = max(deployment["max_ongoing_requests"], 2 * options["batch_size"])
     model_name = name or ctx.model_name
     version = (ctx.manifest.get("model") or {}).get("modelVersion")
+    options["queue_capacity"] = deployment["max_ongoing_requests"]
+    options["describe"] = model_fields(cfg, name=model_name, version=version, url=os.path.basename(path),
+                                       gpu=bool(deployment["ray_actor_options"]["num_gpus"]))
     replica = serve.deployment(HandlerReplica, name=f"handlerkit-{model_name}", **deployment)
     return replica.bind(path, handler, model_name, version, options)
