@@ -286,7 +286,7 @@ def run_model(name: str, mar: Path, tmp: Path, args: argparse.Namespace) -> list
         engines.append(TorchServeEngine(mar, name, tmp / f"ts-{name}"))
         # Logical CPUs enough for every replica at once (only one is loaded at a time).
         replicas = 2 if args.serve_batch else 1
-        ray.init(num_cpus=max(2, int(replicas * args.replica_cpus + 0.999)), include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=max(2, int(replicas * args.replica_cpus + 0.999)), include_dashboard=False, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         engines.append(RayEngine(mar, name, port, args, "torchserve"))
         if args.serve_batch:

@@ -71,7 +71,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     shutil.copytree(MODEL, described)
     (described / "describing.py").write_text(DESCRIBING)
     port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local": never join a cluster some `ray start` left behind (ray.init's default would)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         handles = {
@@ -124,6 +125,64 @@ def test_cli_serve_prints_the_url_and_answers(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_cli_serve_address_deploys_to_an_existing_cluster_and_removes_only_its_app() -> None:
+    # A real Ray head started by `ray start` (its own temp dir, loopback HTTP), before the
+    # module's local instance starts.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    gcs, http = _free_port(), _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="hkray-", dir="/tmp")  # short: it holds unix sockets
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}  # the head's token auth (Ray's default)
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={gcs}",
+         "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    cli = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the head's GCS accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", gcs), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and head.poll() is None, "ray start --head did not come up"
+                time.sleep(0.3)
+        cmd = [sys.executable, "-m", "handlerkit.cli", "serve", str(MODEL), "--address", f"127.0.0.1:{gcs}",
+               "--port", str(http), "--for", "30"]
+        cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        line = cli.stdout.readline()
+        assert f"http://127.0.0.1:{http}/predictions/image_classifier" in line, line
+        served = Served(http, {})
+        status, _, body = served.post("/predictions/image_classifier", IMAGES[0], "image/png")
+        assert status == 200, body
+        _assert_same(json.loads(body), _expected("image_classifier", IMAGES[0]))
+        with urllib.request.urlopen(served.base + "/-/routes", timeout=30) as resp:
+            assert json.loads(resp.read()) == {"/": "image_classifier"}  # an app named after the model
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=60) == 0
+        # Only its application is gone: the cluster and its Serve proxy still answer.
+        assert head.poll() is None
+        with urllib.request.urlopen(served.base + "/-/routes", timeout=30) as resp:
+            assert json.loads(resp.read()) == {}
+    finally:
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+        try:
+            os.killpg(head.pid, signal.SIGTERM)  # the head, its raylet, GCS and workers
+            head.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_64_concurrent_requests_batched_and_equal_to_the_harness(served: Served) -> None:

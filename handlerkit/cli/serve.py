@@ -14,10 +14,13 @@ from handlerkit.cli._common import OK, InputError, Outcome, non_negative, positi
 HELP = "serve a model's handler over HTTP on a maintained engine (Ray Serve)"
 DESCRIPTION = (
     "Serve the handler of MODEL (a model dir or a .mar) on Ray Serve with TorchServe's URLs: "
-    "POST /predictions/<model>, POST /explanations/<model>, GET /ping. model-config.yaml sets the "
-    "batching (batchSize, maxBatchDelay), the replicas (minWorkers, maxWorkers) and GPUs "
-    "(deviceType). Without --address a local Ray instance is started; HTTP listens on --host "
-    "(127.0.0.1). Blocks until Ctrl-C (or --for SECONDS). Needs: pip install 'handlerkit[ray]'."
+    "POST /predictions/<model>, POST /explanations/<model>, GET /models/<model>, GET /ping. "
+    "model-config.yaml sets the batching (batchSize, maxBatchDelay), the replicas (minWorkers, "
+    "maxWorkers) and GPUs (deviceType). Without --address a local Ray instance is started; HTTP "
+    "listens on --host (127.0.0.1). With --address the model is deployed to that cluster as an "
+    "application named after the model, on the cluster's Serve HTTP address if Serve already "
+    "runs there, and only that application is deleted on exit. Blocks until Ctrl-C (or --for "
+    "SECONDS). Needs: pip install 'handlerkit[ray]'."
 )
 
 
@@ -48,15 +51,22 @@ def command(args: argparse.Namespace) -> Outcome:
     from handlerkit.serving.ray import app
 
     application = app(args.model, handler=args.handler)
+    name = _model_name(args.model)
     if args.address:
-        ray.init(address=args.address)
+        try:
+            ray.init(address=args.address)
+        except ConnectionError as exc:
+            auth = "" if os.environ.get("RAY_AUTH_MODE") else (
+                "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token "
+                "and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
+            raise InputError(f"cannot connect to the Ray cluster at {args.address!r} ({exc}): check the address "
+                             f"(the head's GCS address, host:6379 by default, or ray://host:10001){auth}") from exc
     else:
         ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(application, name="handlerkit", route_prefix="/")
-        url = f"http://{args.host}:{args.port}"
-        name = _model_name(args.model)
+        serve.start(http_options={"host": args.host, "port": args.port})  # kept as is where Serve runs
+        serve.run(application, name=name, route_prefix="/")
+        url = _http_url(serve, args.host, args.port)
         print(f"handlerkit: serving {name} at {url}/predictions/{name} (Ctrl-C to stop)", flush=True)
         stopped = "stopped"
         previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does
@@ -70,11 +80,24 @@ def command(args: argparse.Namespace) -> Outcome:
             signal.signal(signal.SIGTERM, previous)
     finally:
         try:
-            serve.shutdown()
+            if args.address:
+                serve.delete(name)  # the cluster's Serve and its other applications stay
+            else:
+                serve.shutdown()
         finally:
             ray.shutdown()
     print(f"handlerkit: {stopped}", file=sys.stderr)
     return Outcome(OK, f"served {name} at {url}", {"model": name, "url": url, "engine": args.engine})
+
+
+def _http_url(serve: Any, host: str, port: int) -> str:
+    """Where Serve's HTTP really listens: a cluster whose Serve was already running keeps its own."""
+    try:
+        config = serve.context._get_global_client().http_config  # private: guarded
+        host, port = config.host or host, config.port or port
+    except Exception:
+        pass
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
 
 
 def _interrupt(signum: int, frame: Any) -> None:
