@@ -15,7 +15,8 @@ and "busy", the share of wall time the handler ran. The throughput ratio is pool
 requests / all wall time, per engine), with the per-pair ratios' range beside it.
 
 Models: the fixture classifier (small CNN: engine overhead dominates) and resnet18 with random
-weights (inference dominates). Target (issue 13): on resnet18, adapter throughput >= 0.9x
+weights (inference dominates); ``--models echo`` adds a handler that answers without looking
+(only the engines' own cost per request is left). Target (issue 13): on resnet18, adapter throughput >= 0.9x
 TorchServe's, p99 <= 1.5x.
 
 Ray runs as installed (its HTTP proxy actor) unless ``--ray-high-throughput``, which starts
@@ -25,7 +26,7 @@ replicas serving HTTP directly; needs the ``haproxy`` binary). ``--serve-batch``
 adapter with Ray's own ``@serve.batch`` as a third engine.
 
 Usage: python benchmarks/ray_vs_torchserve.py [--rounds 5] [--requests-per-round 128]
-       [--clients 16] [--batch 8] [--delay-ms 10] [--models fixture,resnet18]
+       [--clients 16] [--batch 8] [--delay-ms 10] [--models fixture,resnet18[,echo]]
        [--ray-high-throughput] [--serve-batch]
 Exit status 1 when the resnet18 target is missed; 2 when ray, torchserve or haproxy is missing.
 """
@@ -54,6 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 IMAGE = ROOT / "fixtures" / "images" / "grace_hopper.jpg"
 HANDLER = "ts.torch_handler.image_classifier"
+#: A handler that answers "ok" per request without looking at it: what is left is the engine.
+ECHO = """def handle(data, context):
+    return None if data is None else ["ok"] * len(data)
+"""
 HIGH_THROUGHPUT_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
@@ -63,15 +68,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_mar(name: str, model_dir: Path, store: Path, batch: int, delay_ms: int) -> Path:
-    """A .mar by the real archiver, with a model-config.yaml giving both engines the same batching."""
+def build_mar(name: str, model_dir: Path, store: Path, batch: int, delay_ms: int, handler: Path | None = None) -> Path:
+    """A .mar by the real archiver, with a model-config.yaml giving both engines the same batching
+    (TorchServe's image_classifier unless ``handler`` names a handler file)."""
     import _ts_server
 
     config = store / f"{name}-config.yaml"
     config.write_text(f"minWorkers: 1\nmaxWorkers: 1\nbatchSize: {batch}\nmaxBatchDelay: {delay_ms}\nresponseTimeout: 120\n")
     extra = [model_dir / "index_to_name.json"] if (model_dir / "index_to_name.json").exists() else []
     return _ts_server.archive(name=name, version="1.0", model_file=model_dir / "model.py",
-                              serialized_file=model_dir / "model.pt", handler=Path("image_classifier"),
+                              serialized_file=model_dir / "model.pt", handler=handler or Path("image_classifier"),
                               extra_files=extra, config_file=config, export_path=store)
 
 
@@ -190,7 +196,7 @@ class RayEngine(Engine):
         super().__init__()
         self.label = "ray serve adapter" if batching == "torchserve" else "ray @serve.batch"
         route = "/" if batching == "torchserve" else "/serve-batch"
-        self.handle = serve.run(app(mar, handler=HANDLER, name=name, num_cpus=args.replica_cpus, batching=batching),
+        self.handle = serve.run(app(mar, handler=HANDLER if name != "echo" else None, name=name, num_cpus=args.replica_cpus, batching=batching),
                                 name=f"{name}-{batching}", route_prefix=route)
         self.url = f"http://127.0.0.1:{port}{route.rstrip('/')}/predictions/{name}"
         # A handle's router may need a running event loop (RAY_SERVE_THROUGHPUT_OPTIMIZED=1).
@@ -270,6 +276,7 @@ def row(engine: Engine) -> dict[str, Any]:
         "handle ms": statistics.mean(handle_ms) if handle_ms else float("nan"),
         "busy": sum(handle_ms) / 1000 / wall,
         "cpu": engine.cpu / wall,
+        "cpu ms/req": engine.cpu / n * 1000,
         "idle cpu": engine.idle_cpu / engine.idle_wall if engine.idle_wall else float("nan"),
         "statuses": dict(engine.statuses),
         "batches": batches,
@@ -349,8 +356,12 @@ def main() -> int:
             from harness_overhead import resnet18_model_dir
 
             models["resnet18"] = Path(resnet18_model_dir(str(tmp)))
+        if "echo" in args.models:
+            models["echo"] = ROOT / "fixtures" / "models" / "image_classifier"  # its files; ECHO answers
+            (tmp / "echo_handler.py").write_text(ECHO)
         for name, model_dir in models.items():
-            mar = build_mar(name, model_dir, store, args.batch, args.delay_ms)
+            handler = tmp / "echo_handler.py" if name == "echo" else None
+            mar = build_mar(name, model_dir, store, args.batch, args.delay_ms, handler)
             rows += [(name, label, r) for label, r in run_model(name, mar, tmp, args)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -360,12 +371,13 @@ def main() -> int:
           f"closed-loop clients, batchSize {args.batch}, maxBatchDelay {args.delay_ms} ms, 1 worker/replica, "
           f"{os.cpu_count()} CPUs; Ray Serve: {mode}")
     print("handle ms: mean time in handle() per batch; busy: share of the wall time the handler ran;\n"
-          "cpu: the engine's processes' CPU (cores) in its rounds; idle: the same while the others ran")
+          "cpu: the engine's processes' CPU (cores) in its rounds, and per request (ms); idle: its CPU\n"
+          "(cores) while the other engine ran")
     print(f"{'model':<11} {'engine':<18} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'handle ms':>9} {'busy':>5} "
-          f"{'cpu':>5} {'idle':>5}  statuses  batch sizes")
+          f"{'cpu':>5} {'ms/req':>6} {'idle':>5}  statuses  batch sizes")
     for model, engine, r in rows:
         print(f"{model:<11} {engine:<18} {r['req/s']:7.1f} {r['p50 ms']:8.1f} {r['p99 ms']:8.1f} "
-              f"{r['handle ms']:9.1f} {r['busy']:5.0%} {r['cpu']:5.2f} {r['idle cpu']:5.2f}  "
+              f"{r['handle ms']:9.1f} {r['busy']:5.0%} {r['cpu']:5.2f} {r['cpu ms/req']:6.2f} {r['idle cpu']:5.2f}  "
               f"{r['statuses']}  {r['batches']}")
     missed = False
     by = {(m, e): r for m, e, r in rows}
