@@ -23,6 +23,7 @@ from ray import serve
 
 import handlerkit as hk
 from handlerkit.serving._http import customized_metadata, parse_route, to_request
+from handlerkit.serving._replica import SWITCH_INTERVAL_S
 from handlerkit.serving.ray import app, deployment_options
 
 pytestmark = pytest.mark.ray
@@ -199,7 +200,9 @@ def test_64_concurrent_requests_batched_and_equal_to_the_harness(served: Served)
     for path, status, body in answers:
         assert status == 200, body
         _assert_same(json.loads(body), expected[path])
-    sizes = served.handles["hk"].stats.remote().result()["batch_sizes"]
+    stats = served.handles["hk"].stats.remote().result()
+    sizes = stats["batch_sizes"]
+    assert stats["switch_interval"] == pytest.approx(SWITCH_INTERVAL_S)  # handle() waits less for the GIL
     assert sum(sizes) >= 64
     assert max(sizes) > 1, sizes  # really batched
     assert max(sizes) <= 4  # batchSize of the model config
