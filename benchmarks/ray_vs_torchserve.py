@@ -218,6 +218,7 @@ class RayEngine(Engine):
         return stats["batch_sizes"][self._before:], stats["handle_ms"][self._before:]
 
     def stop(self) -> None:
+        """After Serve shut down: the handle's router may live on this loop."""
         self._loop.close()
 
 
@@ -302,12 +303,16 @@ def run_model(name: str, mar: Path, tmp: Path, args: argparse.Namespace) -> list
         return [(e.label, row(e)) for e in engines]
     finally:
         for engine in engines:
-            engine.stop()
+            if isinstance(engine, TorchServeEngine):
+                engine.stop()
         if ray.is_initialized():
             try:
                 serve.shutdown()
             finally:
                 ray.shutdown()
+        for engine in engines:
+            if isinstance(engine, RayEngine):
+                engine.stop()
 
 
 def main() -> int:
