@@ -114,9 +114,10 @@ class HandlerReplica:
         if settings.get("batching", "torchserve") == "torchserve":
             self._batcher = Batcher(self._kind_batch, max_batch_size=settings["batch_size"],
                                     max_delay_s=settings["batch_wait_timeout_s"], solo=("describe",))
-        for method in (self._predict, self._explain):
-            method.set_max_batch_size(settings["batch_size"])
-            method.set_batch_wait_timeout_s(settings["batch_wait_timeout_s"])
+        else:  # Ray's @serve.batch
+            for method in (self._predict, self._explain):
+                method.set_max_batch_size(settings["batch_size"])
+                method.set_batch_wait_timeout_s(settings["batch_wait_timeout_s"])
         self._fields = settings.get("describe") or {}
         self._capacity = settings.get("queue_capacity", 100)
         self._started = datetime.datetime.now(datetime.timezone.utc)
