@@ -23,6 +23,7 @@ _EXPORTS = {
     "BaseHandler": "handlerkit.handlers.base",
     "handlers": "handlerkit.handlers",
     "Harness": "handlerkit.harness",
+    "Service": "handlerkit.service",
     "StageResult": "handlerkit.results",
     "Run": "handlerkit.results",
     "ModelConfig": "handlerkit.config",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from handlerkit.handlers.base import BaseHandler
     from handlerkit.harness import Harness
+    from handlerkit.service import Service
     from handlerkit.results import Run, StageResult
     from handlerkit.loading import resolve_handler
     from handlerkit.batches import Batch, batch

@@ -5,17 +5,15 @@ and what came, ``fix`` (when known) says what to do about it. ``str(error)`` sho
 fix on its own line after ``fix:``; code reads ``error.fix`` and never parses the text. Bad
 arguments to a function are plain ``TypeError``/``ValueError``.
 
-Nothing here imports TorchServe. :class:`PredictionException` still keeps its HTTP code under
-TorchServe's worker, which catches only its own class: whenever ``ts.utils.util`` is (or gets)
-imported in the process, handlerkit's class is re-based onto TorchServe's.
+Nothing here imports TorchServe, and importing this module changes nothing outside it.
+:class:`PredictionException` still keeps its HTTP code under TorchServe's worker, which catches
+only its own class: when one is built while ``ts.utils.util`` is loaded, handlerkit's class is
+re-based onto TorchServe's first.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
-from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -131,6 +129,7 @@ class PredictionException(_PredictionBase):
     """
 
     def __init__(self, message: str, error_code: int = 500):
+        _adopt_torchserve_base()
         super().__init__(message)
         self.message = message
         self.error_code = error_code
@@ -173,48 +172,15 @@ class RequestError(PredictionException, HandlerkitError, ValueError):
 _TS_UTIL = "ts.utils.util"
 
 
-def _adopt_torchserve_base(module: ModuleType) -> None:
-    """Make :class:`PredictionException` a subclass of TorchServe's, which its worker catches."""
+def _adopt_torchserve_base() -> None:
+    """Make :class:`PredictionException` a subclass of TorchServe's, which its worker catches,
+    once TorchServe's module is loaded. Called whenever one is built (a dict lookup when nothing
+    is to be done), so nothing needs watching imports: under the worker ``ts.utils.util`` is
+    imported before the handler, in a notebook it may come later; either way the exception
+    raised is of a class the worker's ``except PredictionException`` catches."""
+    module = sys.modules.get(_TS_UTIL)
+    if module is None:
+        return
     base = getattr(module, "PredictionException", None)
     if isinstance(base, type) and issubclass(base, Exception) and not issubclass(PredictionException, base):
         PredictionException.__bases__ = (base,)
-
-
-class _AdoptingLoader(importlib.abc.Loader):
-    """Runs TorchServe's own loader for ``ts.utils.util``, then re-bases PredictionException."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        _adopt_torchserve_base(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename ... for tracebacks
-        return getattr(self._inner, name)
-
-
-class _WatchTorchServe(importlib.abc.MetaPathFinder):
-    """Notices the import of ``ts.utils.util``; imports nothing itself."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TS_UTIL:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _AdoptingLoader(spec.loader)
-                return spec
-        return None
-
-
-if _TS_UTIL in sys.modules:
-    _adopt_torchserve_base(sys.modules[_TS_UTIL])
-elif not any(isinstance(f, _WatchTorchServe) for f in sys.meta_path):
-    sys.meta_path.insert(0, _WatchTorchServe())

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import os
 import time
 import warnings
@@ -35,21 +34,19 @@ from typing import Any, Callable
 
 from handlerkit import _failures
 from handlerkit._capture import Capture, ListHandler, enable_info_logs
-from handlerkit._entry import class_bound, entry_point, is_base_handle
 from handlerkit._reports import Reports
 from handlerkit import _recorder
 from handlerkit._recorder import Recorder
 from handlerkit._stack import user_stacklevel
 from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
-from handlerkit.isolation import model_dir_imports
 from handlerkit.batches import Batch
 from handlerkit.results import Run, StageResult
+from handlerkit.service import Service
 from handlerkit.timer import Timer
 
 __all__ = ["Harness"]
 
-_LISTING_MAX_AGE_S = 1.0  # see Harness.imports
 _ORDER = {name: i for i, name in enumerate(STAGES)}
 
 
@@ -59,8 +56,9 @@ class Harness(Reports):
     Args:
         handler: a handler instance, a handler class (built with no arguments), a TorchServe
             spec string (``"image_classifier"``, ``"handler.py"``, ``"handler.py:handle"``)
-            resolved by :mod:`handlerkit.loading` in the context's model dir, or a
-            module-level function ``handle(data, context)``.
+            resolved by :mod:`handlerkit.loading` in the context's model dir, a module-level
+            function ``handle(data, context)``, a :class:`~handlerkit.service.Service`, or None
+            for the manifest's handler. :meth:`open` takes a model dir or a ``.mar``.
         context: the context handed to the handler; a :class:`~handlerkit.MockContext` of the
             current directory when omitted.
         track_memory: measure peak memory per stage (costs a little per stage).
@@ -70,6 +68,10 @@ class Harness(Reports):
         envelope: a TorchServe service envelope (``"json"``, ``"kserve"``, ``"kservev2"``)
             wrapped around ``handle`` as the worker does for a model served with one.
 
+    The handler is loaded and run by a :class:`~handlerkit.service.Service` (``h.service``), as
+    TorchServe's worker loads and runs it: in the model dir's imports, with the model dir as
+    the working directory during each call.
+
     To see which stages ``handle`` calls, the harness gives the handler a subclass of its class
     (same name, module and layout) whose stage methods pass every call on and, during a run,
     record it; copies and pickles of the handler are of its own class.
@@ -77,65 +79,61 @@ class Harness(Reports):
 
     def __init__(
         self,
-        handler: Any,
+        handler: Any = None,
         context: Any = None,
         *,
         track_memory: bool = True,
         capture_logs: bool = True,
         envelope: str | None = None,
     ):
-        from handlerkit.context import MockContext
-
-        self.context = context if context is not None else MockContext()
-        model_dir = (getattr(self.context, "system_properties", None) or {}).get("model_dir")
-        self.model_dir: str | None = os.path.realpath(model_dir) if model_dir else None
+        if isinstance(handler, Service):
+            if context is not None and context is not handler.context:
+                raise ValueError("a Service brings its own context: pass Harness(service), without a context")
+            if envelope is not None and envelope != handler.envelope_name:
+                raise ValueError("a Service brings its own envelope: open it with envelope=..., not the Harness")
+            self.service = handler
+            self._spied = self.handler is not None and _recorder.spy_on(self.handler)
+        else:
+            self._spied = False
+            self.service = Service(handler, context, envelope=envelope, build=self._build)
+            if self.handler is not None and not self._spied:  # an instance given as it is
+                self._spied = _recorder.spy_on(self.handler)
         self.track_memory = track_memory
         self.capture_logs = capture_logs
         if capture_logs:
             enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self.batch: Any = None
-        self.handler: Any = None
-        self.function: Callable[..., Any] | None = None
-        self.spec: str | None = None
-        self.envelope = envelope
         self._warning_registry: dict[Any, Any] = {}
-        self._import_dir = self._existing_model_dir()
         self._capture: Capture | None = None
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
-        self._spied = False  # the handler's stage calls reach the run's recorder
         self._after_initialize: Any = None  # the config as initialize left it (see _fresh_config)
-        self._resolve(handler)
-        # TorchServe's worker takes the entry point before initialize runs (ts/model_loader.py):
-        # a handle set on the instance in __init__ counts, one set in initialize does not.
-        self._own_handle = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         self._handler_files = _failures.handler_files(self.function or self.handler)
 
+    @classmethod
+    def open(
+        cls,
+        model: str | os.PathLike[str],
+        handler: Any = None,
+        *,
+        track_memory: bool = True,
+        capture_logs: bool = True,
+        **options: Any,
+    ) -> Harness:
+        """A harness for a model dir or an archive (``.mar``, ``.tar.gz``): :meth:`Service.open
+        <handlerkit.service.Service.open>` with the manifest's handler unless ``handler``.
+
+        ``options`` are ``Service.open``'s (``config``, ``gpu_id``, ``batch_size``,
+        ``model_name``, ``envelope`` …). An archive's temporary dir lives until
+        ``h.service.close()``.
+        """
+        harness = cls.__new__(cls)
+        service = Service.open(model, handler=handler, build=harness._build, **options)
+        harness.__init__(service, track_memory=track_memory, capture_logs=capture_logs)
+        return harness
+
     # -- construction ------------------------------------------------------------------
-    def _resolve(self, handler: Any) -> None:
-        if isinstance(handler, str):
-            from handlerkit.loading import resolve_handler
-
-            self.spec = handler
-            with self.imports(max_age=0):
-                resolved = resolve_handler(handler, self._import_dir, build=self._build)
-            if resolved.instance is not None:
-                self.handler = resolved.instance
-            else:
-                self.function = resolved.function
-        elif inspect.isclass(handler):
-            self.handler = self._build(handler)
-        elif inspect.isfunction(handler) or (callable(handler) and not hasattr(handler, "handle")):
-            self.function = handler
-        elif hasattr(handler, "handle"):
-            self.handler = handler
-            self._spied = _recorder.spy_on(handler)
-        else:
-            raise TypeError(
-                f"Harness needs a handler instance, class, spec string or handle(data, context) function; got {handler!r}"
-            )
-
     def _build(self, cls: type) -> Any:
         """``cls()``, built as its spied subclass so that objects made in ``__init__`` that keep
         its stage methods (TorchServe's MicroBatching) call through to the recorder."""
@@ -143,41 +141,59 @@ class Harness(Reports):
         self._spied = spied is not None
         return (spied or cls)()
 
+    # -- what the service holds ----------------------------------------------------------
+    @property
+    def context(self) -> Any:
+        return self.service.context
+
+    @property
+    def handler(self) -> Any:
+        """The handler instance (None for a function handler)."""
+        return self.service.handler
+
+    @property
+    def function(self) -> Callable[..., Any] | None:
+        """The function handler (None for a class handler)."""
+        return self.service.function
+
+    @property
+    def spec(self) -> str | None:
+        return self.service.spec
+
+    @property
+    def model_dir(self) -> str | None:
+        return self.service.model_dir
+
+    @property
+    def envelope(self) -> str | None:
+        return self.service.envelope_name
+
     @property
     def name(self) -> str:
-        if self.handler is not None:
-            return type(self.handler).__name__
-        return getattr(self.function, "__qualname__", None) or type(self.function).__name__
+        return self.service.name
 
     @property
     def is_function(self) -> bool:
-        return self.function is not None
+        return self.service.is_function
 
     @property
     def single_stage(self) -> bool:
         """True when ``handle`` is not TorchServe's (a function handler, an override, or one set
         on the instance): then only a run through ``handle`` shows what the server does."""
-        if self.is_function or self._own_handle is not None:
-            return True
-        return not is_base_handle(class_bound(self.handler, "handle"))
+        return self.service.single_stage
 
     @property
     def entry(self) -> Callable[[Any, Any], Any]:
-        """What TorchServe's worker calls for a batch (:func:`handlerkit._entry.entry_point`)."""
-        return entry_point(self.handler, self.function, self._own_handle, self.envelope)
+        """What TorchServe's worker calls for a batch (taken before initialize, in the envelope)."""
+        return self.service.entry
 
     # -- plumbing ------------------------------------------------------------------------
-    def _existing_model_dir(self) -> str | None:
-        """The model dir when it exists (checked at construction, initialize and reload, not per
-        stage: a stat costs ~10 us between two bursts of torch work). A missing model dir is
-        initialize's error to report, with its fix."""
-        return self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
-
-    def imports(self, max_age: float = _LISTING_MAX_AGE_S) -> Any:
-        """A context manager under which ``import model`` finds the handler's own model dir
-        (:func:`handlerkit.isolation.model_dir_imports`). Re-entering costs almost nothing; the
-        dir's listing is trusted for a second, so a loop of runs makes no syscall for it."""
-        return model_dir_imports(self._import_dir, max_age=max_age)
+    def imports(self, max_age: float = 1.0) -> Any:
+        """A context manager under which the handler runs as in its worker: the model dir's
+        imports and working directory (:meth:`Service.running <handlerkit.service.Service.running>`).
+        Re-entering costs almost nothing; the dir's listing is trusted for ``max_age`` seconds,
+        so a loop of runs makes no syscall for it."""
+        return self.service.running(max_age=max_age)
 
     @contextlib.contextmanager
     def preserved(self) -> Iterator[None]:
@@ -201,11 +217,17 @@ class Harness(Reports):
             for name in [n for n in results if n != "initialize" and _ORDER.get(n, len(STAGES)) >= start]:
                 del results[name]
 
+    def discard(self, stage: str = "preprocess") -> None:
+        """Drop the results of ``stage`` and of every later one (what a new batch does)."""
+        if stage not in _ORDER:
+            raise ValueError(f"no stage {stage!r}; the stages are {', '.join(STAGES)}")
+        self._invalidate_from(stage)
+
     def _bind(self, batch: Batch) -> None:
         """Make ``batch`` the current one, as TorchServe's worker does before ``handle``."""
         self.batch = batch
         self._invalidate_from("preprocess")
-        batch.bind(self.context)
+        self.service.bind(batch)
         if self.handler is not None:
             try:  # BaseHandler.handle sets it before preprocess; a step needs it set already
                 self.handler.context = self.context
@@ -216,7 +238,7 @@ class Harness(Reports):
         """Open a capture unless one is open already (a step inside a run); None then."""
         if self._capture is not None:
             return None
-        capture = Capture(self.imports(), self._log_handler if self.capture_logs else None, self._warning_registry)
+        capture = Capture(self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry)
         self._capture = capture.__enter__()
         return capture
 
@@ -286,26 +308,14 @@ class Harness(Reports):
     def initialize(self) -> StageResult:
         """Run the handler's ``initialize(context)`` (``handle(None, context)`` for functions)."""
         self.results.clear()
-        self._import_dir = self._existing_model_dir()
         self._fresh_config()
-        with self.imports(max_age=0):  # a fresh look at the dir's files; the stage nests inside
-            if self.is_function:
-                func = self.function
-                result = self._step("initialize", lambda _: func(None, self.context), None, None)
-            else:
-                result = self._step("initialize", lambda _: self.handler.initialize(self.context), None, None)
+        service = self.service
+        with service.running("initialize", max_age=0):  # a fresh look at the dir; the stage nests inside
+            result = self._step("initialize", lambda _: service.initialize(), None, None)
             decisions = getattr(self.handler, "decisions", None)
             if decisions is not None and result.output is None:
                 result.output = decisions
         self._after_initialize = copy.deepcopy(getattr(self.context, "model_yaml_config", None))
-        late = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
-        if late is not None and late is not self._own_handle:
-            warnings.warn(
-                f"handlerkit: {self.name}.initialize sets self.handle, but TorchServe's worker takes handle "
-                "before initialize runs, so the server ignores it (and so does h.run); set it in __init__",
-                HandlerkitWarning,
-                stacklevel=user_stacklevel(),
-            )
         return result
 
     def preprocess(self, batch_or_data: Any) -> StageResult:
@@ -318,11 +328,8 @@ class Harness(Reports):
         batch = Batch.coerce(batch_or_data)
         self._bind(batch)
         data = batch.data
-        if self.envelope is not None:  # what the worker's envelope hands handle()
-            from handlerkit.envelopes import get_envelope
-
-            envelope = get_envelope(self.envelope)(self.handler.handle)
-            envelope.context = self.context
+        envelope = self.service.envelope
+        if envelope is not None:  # what the worker's envelope hands handle()
             data = envelope.parse_input(data)
         return self._step("preprocess", self.handler.preprocess, data, len(batch), on_batch_data=self.envelope is None)
 
@@ -443,10 +450,7 @@ class Harness(Reports):
 
     def handle(self, batch_or_data: Any) -> Any:
         """Exactly what the worker does: ``handle(batch.data, context)`` after binding the batch."""
-        batch = Batch.coerce(batch_or_data)
-        batch.bind(self.context)
-        with self.imports():
-            return self.entry(batch.data, self.context)
+        return self.service.handle(batch_or_data)
 
     # -- reload ----------------------------------------------------------------------------
     def reload(self) -> None:
@@ -458,14 +462,15 @@ class Harness(Reports):
         """
         from handlerkit._reload import reexecuted
 
-        self._import_dir = self._existing_model_dir()
+        service = self.service
+        service.refresh()
         target = self.function if self.is_function else _recorder.own_class(self.handler)
-        with self.imports(max_age=0):  # a model-dir module is in sys.modules only inside this block
+        with service.running("reload", max_age=0):  # a model-dir module is in sys.modules only inside
             replacement = reexecuted(target, self.name)
         if self.is_function:
-            self.function = replacement
+            service.replace(function=replacement)
         else:
-            self.handler.__class__ = replacement
+            service.replace(handler_class=replacement)
             self._spied = _recorder.spy_on(self.handler)
         self._handler_files = _failures.handler_files(self.function or self.handler)
         self._invalidate_from("preprocess")

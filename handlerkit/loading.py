@@ -29,7 +29,6 @@ here.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import importlib.machinery
@@ -59,6 +58,7 @@ __all__ = [
     "BUILTIN_PACKAGES",
     "ResolvedHandler",
     "clear_module_cache",
+    "instantiate",
     "list_classes",
     "load_module_from_file",
     "model_dir_imports",
@@ -78,7 +78,8 @@ Origin = Literal["model_dir", "file", "sys.path", "handlerkit", "torchserve"]
 
 @dataclass(repr=False)
 class ResolvedHandler:
-    """A handler found from a spec string, ready to initialise.
+    """A handler found from a spec string: what :class:`handlerkit.service.Service` loads
+    (it initialises and runs it).
 
     Attributes:
         spec: the spec as given.
@@ -89,8 +90,8 @@ class ResolvedHandler:
         instance: the handler instance, built with no arguments (None for a function handler).
         function: the entry point: ``instance.handle`` or the module-level function.
         function_name: ``"handle"`` or the name after ``:`` in the spec.
-        model_dir: the dir whose imports the handler sees (wrap calls in
-            :func:`model_dir_imports` of it; :meth:`initialize` and :meth:`handle` do).
+        model_dir: the dir whose imports the handler sees (:class:`handlerkit.service.Service`
+            runs the handler within them).
         origin: where the module came from: ``"model_dir"``, ``"file"`` (a file outside the
             model dir, loaded as if archived into it), ``"sys.path"``, ``"handlerkit"`` or
             ``"torchserve"`` (a built-in handler).
@@ -106,24 +107,6 @@ class ResolvedHandler:
     function_name: str
     model_dir: str | None
     origin: Origin = "sys.path"
-
-    def initialize(self, context: Any) -> None:
-        """Run TorchServe's initialisation: ``handle(None, context)`` for a function handler,
-        ``instance.initialize(context)`` for a class (skipped when it has none)."""
-        with model_dir_imports(self.model_dir):
-            if self.kind == "function":
-                self.function(None, context)
-            elif hasattr(self.instance, "initialize"):
-                self.instance.initialize(context)
-
-    def handle(self, data: Any, context: Any) -> Any:
-        """Call the entry point within the model dir's imports."""
-        with model_dir_imports(self.model_dir):
-            return self.function(data, context)
-
-    def imports(self) -> contextlib.AbstractContextManager[str | None]:
-        """``model_dir_imports(self.model_dir)``."""
-        return model_dir_imports(self.model_dir)
 
     def __repr__(self) -> str:
         what = f"class {self.cls.__name__}" if self.cls is not None else f"function {self.function_name}"
@@ -425,15 +408,8 @@ def _entry_point(
             ),
         )
     cls = classes[0]
-    try:
-        with model_dir_imports(scope):
-            instance = build(cls) if build is not None else cls()
-    except Exception as exc:
-        raise HandlerLoadError(
-            f"handler {spec!r}: TorchServe builds the handler with {cls.__name__}() (no arguments), and that "
-            f"raised {type(exc).__name__}: {exc}",
-            fix="give every __init__ argument a default, or move the setup into initialize(self, context)",
-        ) from exc
+    with model_dir_imports(scope):
+        instance = instantiate(cls, label=f"handler {spec!r}", build=build)
     if not hasattr(instance, "handle"):
         raise HandlerLoadError(
             f"handler {spec!r}: class {cls.__name__} in {label} has no handle method; TorchServe calls "
@@ -448,6 +424,22 @@ def _entry_point(
             stacklevel=user_stacklevel(),
         )
     return ResolvedHandler(spec, "class", module, module_file, cls, instance, instance.handle, "handle", scope, origin)
+
+
+def instantiate(cls: type, *, label: str, build: Callable[[type], Any] | None = None) -> Any:
+    """``cls()`` (or ``build(cls)``), as TorchServe builds a handler: with no arguments.
+
+    Raises:
+        HandlerLoadError: the constructor raised; the error says so and chains it.
+    """
+    try:
+        return build(cls) if build is not None else cls()
+    except Exception as exc:
+        raise HandlerLoadError(
+            f"{label}: TorchServe builds the handler with {cls.__name__}() (no arguments), and that "
+            f"raised {type(exc).__name__}: {exc}",
+            fix="give every __init__ argument a default, or move the setup into initialize(self, context)",
+        ) from exc
 
 
 def _identifier(stem: str) -> str:

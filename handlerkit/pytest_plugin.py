@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["HarnessFactory", "load_context", "model_path"]
+__all__ = ["HarnessFactory", "model_path"]
 
 _INI = "hk_model_dir"
 _OPTION = "--hk-model-dir"
@@ -85,16 +85,6 @@ def model_path(config: pytest.Config) -> tuple[Path, str] | None:
     return None
 
 
-def load_context(path: str | os.PathLike[str]) -> Any:
-    """A fresh MockContext of a model dir, or of an archive (``MockContext.from_mar``: a ``.mar``
-    or ``.tar.gz`` opened into a temp dir, kept as ``ctx.archive``)."""
-    from handlerkit.context import MockContext
-
-    if os.path.isfile(path):
-        return MockContext.from_mar(path)
-    return MockContext.from_model_dir(path)
-
-
 def _configured_context(request: pytest.FixtureRequest) -> Any:
     """The configured model's context; an archive's temp dir goes when the test ends."""
     __tracebackhide__ = True
@@ -108,8 +98,10 @@ def _configured_context(request: pytest.FixtureRequest) -> Any:
         pytest.fail(f"handlerkit: {source} names {path}, which does not exist (fix the path; "
                     f"{'the ini value is relative to the ini file' if source != _OPTION else 'it is relative to the current directory'})",
                     pytrace=False)
+    from handlerkit.context import MockContext
+
     try:
-        context = load_context(path)
+        context = MockContext.from_model_dir(path)  # an archive is unpacked into a temp dir: ctx.archive
     except HandlerkitError as exc:
         pytest.fail(f"handlerkit: cannot load the model that {source} names ({path}): {exc}", pytrace=False)
     archive = getattr(context, "archive", None)
@@ -136,14 +128,7 @@ class HarnessFactory:
 
         if context is None:
             context = _configured_context(self._request)
-        if handler is None:
-            manifest = getattr(context, "manifest", None) or {}
-            handler = (manifest.get("model") or {}).get("handler")
-            if not handler:
-                model_dir = (getattr(context, "system_properties", None) or {}).get("model_dir")
-                pytest.fail(f"handlerkit: the manifest of {model_dir} names no handler; pass one: "
-                            "hk_harness(MyHandler) or hk_harness('handler.py')", pytrace=False)
-        return Harness(handler, context, **kwargs)
+        return Harness(handler, context, **kwargs)  # None: the manifest's handler
 
     def __repr__(self) -> str:
         found = model_path(self._request.config)

@@ -32,7 +32,6 @@ from handlerkit.requests import Request
 __all__ = ["Stepper"]
 
 STAGES = ("initialize", "preprocess", "inference", "postprocess")
-_AFTER_INITIALIZE = ("preprocess", "inference", "postprocess", "handle")
 
 
 class Stepper:
@@ -174,8 +173,7 @@ class Stepper:
 
     def _invalidate(self) -> None:
         """The batch changed: what preprocess and later made no longer belongs to it."""
-        for stage in _AFTER_INITIALIZE:
-            self.harness.results.pop(stage, None)
+        self.harness.discard("preprocess")
         self._forget_errors()
         self.refresh()
 

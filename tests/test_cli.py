@@ -245,7 +245,7 @@ def test_a_mar_that_is_not_a_zip_is_exit_code_2(capsys, tmp_path):
     fake.write_bytes(b"not a zip at all")
     assert_usage_error(*cli(capsys, "run", fake, SQUARE), "model.mar is not a model archive: the file is not a zip")
     assert_usage_error(*cli(capsys, "inspect", fake), "model.mar is not a model archive")
-    assert_usage_error(*cli(capsys, "run", SQUARE, SQUARE), "square.png is not a model archive")  # an image as the model
+    assert_usage_error(*cli(capsys, "run", SQUARE, SQUARE), "square.png' is not a directory, nor a model archive")  # an image as the model
 
 
 @pytest.mark.parametrize("argv, fragment", [

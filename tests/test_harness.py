@@ -118,7 +118,7 @@ def test_spec_string_from_model_dir(model_dir, images):
 
 
 def test_rejects_non_handlers():
-    with pytest.raises(TypeError, match="handler instance, class, spec string"):
+    with pytest.raises(TypeError, match="a spec string, a class, an instance with a handle method"):
         hk.Harness(42)
 
 

@@ -6,8 +6,9 @@ the diagnostics read a harness only through a ``Protocol`` (``diagnostics/_view.
 records in ``results.py``, never the ``Harness`` class, so they sit *below* it, and
 ``h.check()``/``h.time()``/``h.device_report()`` are downward calls:
 
-1. base: errors, private helpers;  2. the TorchServe model;  3. handlers;  4. the harness's
-records (results, capture, recorder, failures);  5. diagnostics;  6. the Harness;  7. front
+1. base: errors, private helpers;  2. the TorchServe model;  3. handlers;  4. the front door
+(``service``: a model and its handler, loaded as the worker loads them);  5. the harness's
+records (results, capture, recorder, failures);  6. diagnostics;  7. the Harness;  8. front
 ends.  The package ``__init__`` is the facade above them all.
 """
 
@@ -60,32 +61,33 @@ LAYERS: dict[str, int] = {
     "handlerkit._archive_write": 2,
     # 3. handlers
     "handlerkit.handlers": 3,
-    # 4. the harness's records
-    "handlerkit.results": 4,
-    "handlerkit._capture": 4,
-    "handlerkit._recorder": 4,
-    "handlerkit._failures": 4,
-    "handlerkit._reload": 4,
-    "handlerkit._entry": 4,
-    # 5. diagnostics
-    "handlerkit.diagnostics": 5,
-    # 6. the Harness
-    "handlerkit.harness": 6,
-    "handlerkit._reports": 6,
-    # 7. front ends
-    "handlerkit.cli": 7,
-    "handlerkit.viz": 7,
-    "handlerkit._viz_handler": 7,
-    "handlerkit._viz_prepare": 7,
-    "handlerkit._viz_overlay": 7,
-    "handlerkit._viz_draw": 7,
-    "handlerkit.widgets": 7,
-    "handlerkit._widgets_panes": 7,
-    "handlerkit.pytest_plugin": 7,
-    "handlerkit.testing": 7,
-    "handlerkit.serving": 7,
+    # 4. the front door: a model and its handler, loaded as the worker loads them
+    "handlerkit.service": 4,
+    # 5. the harness's records
+    "handlerkit.results": 5,
+    "handlerkit._capture": 5,
+    "handlerkit._recorder": 5,
+    "handlerkit._failures": 5,
+    "handlerkit._reload": 5,
+    # 6. diagnostics
+    "handlerkit.diagnostics": 6,
+    # 7. the Harness
+    "handlerkit.harness": 7,
+    "handlerkit._reports": 7,
+    # 8. front ends
+    "handlerkit.cli": 8,
+    "handlerkit.viz": 8,
+    "handlerkit._viz_handler": 8,
+    "handlerkit._viz_prepare": 8,
+    "handlerkit._viz_overlay": 8,
+    "handlerkit._viz_draw": 8,
+    "handlerkit.widgets": 8,
+    "handlerkit._widgets_panes": 8,
+    "handlerkit.pytest_plugin": 8,
+    "handlerkit.testing": 8,
+    "handlerkit.serving": 8,
     # the facade
-    "handlerkit": 8,
+    "handlerkit": 9,
 }
 
 
@@ -225,3 +227,31 @@ def test_prediction_exception_joins_torchserve_class_whenever_torchserve_is_load
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), env={**os.environ})
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "400 send a PNG", order
+
+
+def test_importing_every_module_changes_nothing_outside_the_package():
+    """No import-time side effects (STYLE.md): importing any handlerkit module installs no import
+    hook, logging handler or warnings filter and leaves sys.path and the working directory alone
+    (the heavy dependencies are imported first, so only handlerkit's own imports are judged)."""
+    modules = sorted(m for m in MODULES if m != "handlerkit.serving._replica"  # imports Ray's actor machinery
+                     and not m.endswith(".__main__"))  # `python -m handlerkit.cli` runs it, by design
+    code = (
+        "import importlib, logging, os, sys, warnings\n"
+        "import torch, torchvision, PIL.Image, numpy, yaml, matplotlib, ipywidgets, pytest\n"
+        "def state():\n"
+        "    return (list(sys.meta_path), list(sys.path_hooks), list(sys.path), os.getcwd(),\n"
+        "            list(logging.getLogger().handlers), logging.getLogger().level, list(warnings.filters),\n"
+        "            torch.get_num_threads(), sys.getswitchinterval())\n"
+        "before = state()\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "after = state()\n"
+        "for label, b, a in zip(('meta_path', 'path_hooks', 'path', 'cwd', 'log handlers', 'log level',\n"
+        "                        'warnings filters', 'torch threads', 'switch interval'), before, after):\n"
+        "    if a != b:\n"
+        "        print(label, b, '->', a)\n"
+        "print('handlerkit' in {type(f).__module__.split('.')[0] for f in sys.meta_path})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", out.stdout

@@ -57,6 +57,21 @@ def make_model_dir(root, label: str):
     return directory
 
 
+def call(resolved, data, context):
+    """The resolved entry point called within its model dir's imports (as Service runs it)."""
+    with model_dir_imports(resolved.model_dir):
+        return resolved.function(data, context)
+
+
+def initialize(resolved, context):
+    """TorchServe's initialisation of a resolved handler (Service.initialize's rule)."""
+    with model_dir_imports(resolved.model_dir):
+        if resolved.kind == "function":
+            resolved.function(None, context)
+        elif hasattr(resolved.instance, "initialize"):
+            resolved.instance.initialize(context)
+
+
 class FakeContext:
     def __init__(self, model_dir=None):
         self.system_properties = {"model_dir": str(model_dir) if model_dir else None, "gpu_id": None}
@@ -94,21 +109,21 @@ def test_name_forms_resolve_in_the_model_dir(dirs, spec):
     assert resolved.function == resolved.instance.handle and resolved.function_name == "handle"
     assert resolved.module_file == str(a / "handler.py") and resolved.model_dir == str(a)
     assert resolved.origin == "model_dir"
-    assert resolved.handle([{}], None) == ["A", "A"]
+    assert call(resolved, [{}], None) == ["A", "A"]
     assert "handler" not in sys.modules and "model" not in sys.modules
 
 
 def test_absolute_and_relative_paths(dirs, tmp_path, monkeypatch):
     a, b = dirs
     resolved = resolve_handler(str(a / "handler.py"))  # no model dir: the file's own dir
-    assert resolved.model_dir == str(a) and resolved.handle([{}], None) == ["A", "A"]
+    assert resolved.model_dir == str(a) and call(resolved, [{}], None) == ["A", "A"]
     monkeypatch.chdir(tmp_path)
     resolved = resolve_handler("dir_B/handler.py")
-    assert resolved.model_dir == str(b) and resolved.handle([{}], None) == ["B", "B"]
+    assert resolved.model_dir == str(b) and call(resolved, [{}], None) == ["B", "B"]
     # A path under the model dir, and TorchServe's basename rule ("src/handler.py" archived flat).
     write(a, "sub/other.py", "def handle(data, context):\n    return ['sub']\n")
     assert resolve_handler("sub/other.py", a).function([{}], None) == ["sub"]
-    assert resolve_handler("elsewhere/handler.py", a).handle([{}], None) == ["A", "A"]
+    assert call(resolve_handler("elsewhere/handler.py", a), [{}], None) == ["A", "A"]
 
 
 def test_file_outside_the_model_dir_runs_in_the_model_dirs_imports(dirs, tmp_path):
@@ -116,7 +131,7 @@ def test_file_outside_the_model_dir_runs_in_the_model_dirs_imports(dirs, tmp_pat
     outside = write(tmp_path / "src", "my_handler.py", CLASS_HANDLER)
     resolved = resolve_handler(str(outside), a)
     assert resolved.origin == "file" and resolved.model_dir == str(a)
-    assert resolved.handle([{}], None) == ["A", "A"]  # `import model` found the model dir's file
+    assert call(resolved, [{}], None) == ["A", "A"]  # `import model` found the model dir's file
 
 
 def test_missing_file_lists_where_it_looked(dirs):
@@ -150,9 +165,9 @@ def test_function_handler_and_named_function(tmp_path):
     ctx = FakeContext(tmp_path)
     resolved = resolve_handler("fn_handler", tmp_path)
     assert resolved.kind == "function" and resolved.cls is None and resolved.instance is None
-    resolved.initialize(ctx)
+    initialize(resolved, ctx)
     assert resolved.module.calls == [(None, ctx)]  # TorchServe initialises with handle(None, context)
-    assert resolved.handle([1, 2], ctx) == [2]
+    assert call(resolved, [1, 2], ctx) == [2]
 
     for spec in ("fn_handler.py:custom", "fn_handler:custom"):
         named = resolve_handler(spec, tmp_path)
@@ -165,7 +180,7 @@ def test_class_handler_initialize(dirs):
     ctx = FakeContext(a)
     resolved = resolve_handler("handler", a)
     assert resolved.instance.context is None  # instantiated, not initialised
-    resolved.initialize(ctx)
+    initialize(resolved, ctx)
     assert resolved.instance.context is ctx
     assert "Handler" in repr(resolved) and "origin='model_dir'" in repr(resolved)
 
@@ -175,14 +190,14 @@ def test_class_without_initialize_warns(tmp_path):
     with pytest.warns(HandlerkitWarning, match=r"Bare has no initialize method; TorchServe 0\.12 fails") as record:
         resolved = resolve_handler("bare", tmp_path)
     assert record[0].filename == __file__  # the warning points at the caller, not into handlerkit
-    resolved.initialize(FakeContext())  # skipped quietly
+    initialize(resolved, FakeContext())  # skipped quietly
 
 
 def test_dotted_module_path_in_model_dir(tmp_path):
     write(tmp_path, "pkg/__init__.py", "")
     write(tmp_path, "pkg/handlers.py", "def handle(data, context):\n    return ['pkg']\n")
     resolved = resolve_handler("pkg.handlers", tmp_path)
-    assert resolved.origin == "model_dir" and resolved.handle([{}], None) == ["pkg"]
+    assert resolved.origin == "model_dir" and call(resolved, [{}], None) == ["pkg"]
     assert "pkg" not in sys.modules and "pkg.handlers" not in sys.modules
 
 
@@ -253,7 +268,7 @@ def test_build_makes_the_instance(dirs):
     assert built[0][0] is resolved.cls
     assert resolved.instance.instrumented is True and resolved.instance.context is None
     assert resolved.function == resolved.instance.handle
-    assert resolved.handle([{}], None) == ["A", "A"]
+    assert call(resolved, [{}], None) == ["A", "A"]
 
 
 def test_an_exception_from_build_is_wrapped_like_one_from_the_class(dirs):
@@ -409,14 +424,14 @@ def test_builtin_fallback_to_handlerkit_handlers(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     resolved = resolve_handler("_test_builtin", tmp_path)
     assert resolved.origin == "handlerkit" and resolved.module is fake
-    assert resolved.handle([{}], None) == ["builtin"]
+    assert call(resolved, [{}], None) == ["builtin"]
 
 
 def test_model_dir_module_beats_the_builtin(tmp_path, monkeypatch):
     fake = _fake_module("handlerkit.handlers._test_builtin", "def handle(d, c):\n    return ['builtin']\n")
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     write(tmp_path, "_test_builtin.py", "def handle(d, c):\n    return ['mine']\n")
-    assert resolve_handler("_test_builtin", tmp_path).handle([{}], None) == ["mine"]
+    assert call(resolve_handler("_test_builtin", tmp_path), [{}], None) == ["mine"]
 
 
 def test_builtin_fallback_to_torchserve_when_handlerkit_has_none(tmp_path):
@@ -507,8 +522,8 @@ def test_handlers_of_two_dirs_side_by_side(dirs):
     ha, hb = resolve_handler("handler", a), resolve_handler("handler", b)
     assert ha.module is not hb.module
     for _ in range(2):
-        assert ha.handle([{}], None) == ["A", "A"]
-        assert hb.handle([{}], None) == ["B", "B"]
+        assert call(ha, [{}], None) == ["A", "A"]
+        assert call(hb, [{}], None) == ["B", "B"]
 
 
 def test_module_imported_outside_a_block_stays(dirs, monkeypatch):

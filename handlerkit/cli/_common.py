@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,56 +122,52 @@ def model_dir_problem(path: str, handler: str | None = None) -> str | None:
     )
 
 
+@dataclass
+class Loaded:
+    """A model ready to run: its harness (``harness.service`` holds the context) and its name."""
+
+    harness: Any
+    label: str
+
+    @property
+    def context(self) -> Any:
+        return self.harness.context
+
+
 @contextlib.contextmanager
-def model_dir(path: str, handler: str | None = None) -> Iterator[str]:
-    """The model dir to load: ``path`` itself, or a ``.mar`` / ``.tar.gz`` extracted (safely, by
-    :func:`handlerkit.archive.open_mar`) into a temporary dir removed on exit.
+def loaded(args: argparse.Namespace) -> Iterator[Loaded]:
+    """The ``MODEL`` of ``args`` opened as a harness (:meth:`Harness.open
+    <handlerkit.harness.Harness.open>`: a model dir, or an archive unpacked into a temporary dir
+    removed on exit), with the manifest's handler unless ``--handler``; request files checked first.
 
     Raises:
-        InputError: no such path, or a dir that is no model dir.
-        ArchiveError: a file that is no archive, or one refused (zip-slip, links, bombs...).
+        InputError: a missing request file, no such path, or a dir that is no model dir.
+        HandlerkitError: an archive refused, a malformed manifest or config, a handler that
+            cannot be loaded.
     """
+    check_files(getattr(args, "files", ()))
+    yield from _opened(args.model, args.handler, args.config)
+
+
+def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Loaded]:
     if not os.path.exists(path):
         raise InputError(f"no such model dir or .mar: {path}")
     if os.path.isdir(path):
         problem = model_dir_problem(path, handler)
         if problem:
             raise InputError(problem)
-        yield path
-        return
-    from handlerkit.archive import open_mar  # refuses what is no archive, or an unsafe one
-
-    with tempfile.TemporaryDirectory(prefix="handlerkit-") as tmp:
-        yield os.fspath(open_mar(path, os.path.join(tmp, "model")))
-
-
-@dataclass
-class Loaded:
-    """A model ready to run: its context, harness and what to call it."""
-
-    context: Any
-    harness: Any
-    label: str
-
-
-def load(directory: str, label: str, handler: str | None, config: str | None) -> Loaded:
-    """A context and a harness for ``directory``, with the manifest's handler unless ``handler``."""
-    from handlerkit.context import MockContext
     from handlerkit.harness import Harness
 
-    ctx = MockContext.from_model_dir(directory, config=config)
-    spec = handler or ctx.manifest.get("model", {}).get("handler")
-    if not spec:
-        raise InputError(f"{label}: the manifest names no handler; pass --handler SPEC (e.g. --handler image_classifier)")
-    return Loaded(ctx, Harness(spec, ctx), label)
+    harness = Harness.open(path, handler, config=config)
+    try:
+        yield Loaded(harness, os.path.basename(os.path.normpath(path)))
+    finally:
+        harness.service.close()
 
 
-@contextlib.contextmanager
-def loaded(args: argparse.Namespace) -> Iterator[Loaded]:
-    """:func:`load` for the ``MODEL`` of ``args``, the request files checked first."""
-    check_files(args.files)
-    with model_dir(args.model, args.handler) as directory:
-        yield load(directory, os.path.basename(os.path.normpath(args.model)), args.handler, args.config)
+def open_model(path: str, handler: str | None = None) -> contextlib.AbstractContextManager[Loaded]:
+    """:func:`loaded` for a path and a handler spec (``handlerkit demo``)."""
+    return contextlib.contextmanager(_opened)(path, handler, None)
 
 
 def requests(files: Sequence[str], content_type: str | None = None) -> Any:

@@ -38,10 +38,11 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
 
 
 def command(args: argparse.Namespace) -> Outcome:
-    from handlerkit.cli._common import load
+    from handlerkit.cli._common import open_model
     from handlerkit.cli.run import run_files
 
     model_dir, images = demo_paths()
-    outcome = run_files(load(model_dir, "image_classifier", "image_classifier", None), images)
+    with open_model(model_dir, "image_classifier") as model:
+        outcome = run_files(model, images)
     outcome.text += f"\n\n{NOTE}"
     return outcome

@@ -10,14 +10,15 @@ problem: exit code 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from handlerkit._render import Rendered, Table
-from handlerkit.cli._common import FAILED, OK, Outcome, jsonable, model_dir
+from handlerkit.cli._common import FAILED, OK, InputError, Outcome, jsonable, model_dir_problem
 
 HELP = "show a .mar or model dir: manifest, config, handler, format"
 DESCRIPTION = (
@@ -125,7 +126,7 @@ def inspect_path(path: str) -> InspectReport:
             malformed manifest.
     """
     report = InspectReport(path=path, kind="dir")
-    with warnings.catch_warnings(record=True) as caught, model_dir(path) as directory:
+    with warnings.catch_warnings(record=True) as caught, _directory(path) as directory:
         warnings.simplefilter("always")
         from handlerkit.archive import inspect_archive
 
@@ -148,6 +149,24 @@ def inspect_path(path: str) -> InspectReport:
         else:  # not about the model: shown as usual
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return report
+
+
+@contextlib.contextmanager
+def _directory(path: str) -> Iterator[str]:
+    """The model dir to inspect: ``path``, or an archive unpacked (safely) into a temporary dir
+    removed on exit. Nothing is loaded: a broken config or handler is a finding, not an error."""
+    if not os.path.exists(path):
+        raise InputError(f"no such model dir or .mar: {path}")
+    if os.path.isdir(path):
+        problem = model_dir_problem(path)
+        if problem:
+            raise InputError(problem)
+        yield path
+        return
+    from handlerkit.archive import open_temporary  # refuses what is no archive, or an unsafe one
+
+    with open_temporary(path) as extracted:
+        yield os.fspath(extracted.path)
 
 
 def _problem(report: InspectReport, what: str, exc: BaseException) -> None:

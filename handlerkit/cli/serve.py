@@ -29,6 +29,8 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     parser.add_argument("model", metavar="MODEL", help="a model dir (an unpacked .mar) or a .mar file")
     parser.add_argument("--engine", choices=["ray"], default="ray", help="the serving engine (default: ray)")
     parser.add_argument("--handler", metavar="SPEC", help="handler spec (default: the manifest's handler)")
+    parser.add_argument("--envelope", choices=["json", "kserve", "kservev2"],
+                        help="a TorchServe service envelope around the handler (TorchServe's service_envelope)")
     parser.add_argument("--address", metavar="ADDR",
                         help="an existing Ray cluster (e.g. ray://head:10001 or auto); default: a new local instance")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1, loopback only)")
@@ -50,7 +52,7 @@ def command(args: argparse.Namespace) -> Outcome:
     serve = require("ray.serve", feature="handlerkit serve --engine ray", extra="ray")
     from handlerkit.serving.ray import app
 
-    application = app(args.model, handler=args.handler)
+    application = app(args.model, handler=args.handler, envelope=args.envelope)
     name = _model_name(args.model)
     if args.address:
         try:

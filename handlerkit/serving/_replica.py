@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
-import inspect
 import os
 import sys
 import time
@@ -27,10 +26,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from handlerkit.batches import Batch
-from handlerkit.context import MockContext
 from handlerkit.errors import PredictionException
-from handlerkit.loading import model_dir_imports, resolve_handler
 from handlerkit.requests import Request
+from handlerkit.service import Service
 from handlerkit.serving._batcher import Batcher
 from handlerkit.serving._http import (Reply, customized_metadata, description, error_reply, parse_route, replies,
                                       to_request)
@@ -38,43 +36,6 @@ from handlerkit.serving._http import (Reply, customized_metadata, description, e
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
 SWITCH_INTERVAL_S = 0.0005  # the replica process's sys.setswitchinterval (see HandlerReplica)
-
-
-class _Entry:
-    """A handler of any accepted kind as ``initialize(ctx)`` / ``handle(data, ctx)``."""
-
-    def __init__(self, handler: Any, model_dir: str, manifest: dict) -> None:
-        self.model_dir = model_dir
-        self.function: Any = None
-        self.instance: Any = None
-        if handler is None:
-            handler = (manifest.get("model") or {}).get("handler")
-            if not handler:
-                raise ValueError(f"no handler given and the manifest of {model_dir} names none")
-        if isinstance(handler, str):
-            resolved = resolve_handler(handler, model_dir)
-            self.instance, self.function = resolved.instance, resolved.function
-        elif inspect.isclass(handler):
-            with model_dir_imports(model_dir):
-                self.instance = handler()
-            self.function = self.instance.handle
-        elif hasattr(handler, "handle"):
-            self.instance, self.function = handler, handler.handle
-        elif callable(handler):
-            self.function = handler
-        else:
-            raise TypeError(f"handler must be a spec string, a class, an instance or a function: got {handler!r}")
-
-    def initialize(self, context: Any) -> None:
-        with model_dir_imports(self.model_dir):
-            if self.instance is None:
-                self.function(None, context)  # TorchServe initialises a function handler this way
-            elif hasattr(self.instance, "initialize"):
-                self.instance.initialize(context)
-
-    def handle(self, data: Any, context: Any) -> Any:
-        with model_dir_imports(self.model_dir):
-            return self.function(data, context)
 
 
 def _failure(exc: BaseException) -> tuple[int, str]:
@@ -91,15 +52,17 @@ class HandlerReplica:
 
     def __init__(self, model: str, handler: Any, name: str, version: str | None, settings: dict[str, Any]) -> None:
         gpu_ids = ray.get_gpu_ids()
+        # One replica is one worker process: it runs in the model dir from here on, and takes
+        # the entry point (in the envelope, if any) before initialize, as the worker does.
         # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPUs, so its first GPU is cuda:0 here.
-        self.context = MockContext.from_model_dir(
-            model, gpu_id=0 if gpu_ids else None, batch_size=settings["batch_size"], model_name=name
+        self.service = Service.open(
+            model, handler=handler, gpu_id=0 if gpu_ids else None, batch_size=settings["batch_size"],
+            model_name=name, envelope=settings.get("envelope"), working_dir="process",
         )
+        self.context = self.service.context
         self.name, self.version = name, version
         self.timeout = settings["response_timeout_s"]
-        model_dir = self.context.system_properties["model_dir"]
-        self.entry = _Entry(handler, model_dir, self.context.manifest)
-        self.entry.initialize(self.context)
+        self.service.initialize()
         # handle() shares this process's GIL with Ray's threads that receive the next requests.
         # At Python's default 5 ms switch interval, a torch op returning to Python can wait that
         # long for one of them while the cores idle; at 0.5 ms resnet18 served 6 % more requests
@@ -126,11 +89,10 @@ class HandlerReplica:
 
     def _run(self, requests: list[Any]) -> list[Reply]:
         batch = Batch(requests)
-        batch.bind(self.context)
         self.batch_sizes.append(len(batch))
         start = time.perf_counter()
         try:
-            output = self.entry.handle(batch.data, self.context)
+            output = self.service.handle(batch)
         except BaseException as exc:  # the worker answers every request of the batch
             code, message = _failure(exc)
             return [error_reply(code, message)] * len(batch)

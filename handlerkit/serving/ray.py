@@ -91,6 +91,7 @@ def app(
     max_batch_delay_ms: float | None = None,
     response_timeout_s: float | None = None,
     batching: str = "torchserve",
+    envelope: str | None = None,
 ) -> Any:
     """A Ray Serve application that runs the handler of ``model`` as TorchServe would.
 
@@ -113,12 +114,18 @@ def app(
             frontend does; ``"serve.batch"`` uses Ray's ``@serve.batch``, which closes batches
             as requests arrive even while the handler is busy (smaller batches under load:
             ``benchmarks/ray_vs_torchserve.py`` shows both).
+        envelope: a TorchServe service envelope (``"json"``, ``"kserve"``, ``"kservev2"``)
+            wrapped around the handler's entry point, as TorchServe's ``service_envelope``.
 
     Returns:
         A ``ray.serve.Application`` for ``serve.run``.
     """
     if batching not in _BATCHING:
         raise ValueError(f"batching must be one of {', '.join(map(repr, _BATCHING))}, got {batching!r}")
+    if envelope:
+        from handlerkit.envelopes import get_envelope
+
+        get_envelope(envelope)  # an unknown name fails here, not in every replica
     serve = require("ray.serve", feature="handlerkit.serving.ray", extra="ray")
     from handlerkit.serving._replica import HandlerReplica
 
@@ -133,6 +140,7 @@ def app(
     if response_timeout_s is not None:
         options["response_timeout_s"] = float(response_timeout_s)
     options["batching"] = batching
+    options["envelope"] = envelope or None
     deployment = options.pop("deployment")
     deployment["max_ongoing_requests"] = max(deployment["max_ongoing_requests"], 2 * options["batch_size"])
     model_name = name or ctx.model_name

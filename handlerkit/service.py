@@ -1,0 +1,403 @@
+"""A model and its handler, loaded as TorchServe's worker loads them: the front door.
+
+Named after TorchServe's ``ts/service.py``, which holds a loaded model's context and entry
+point. Everything that runs a handler goes through a :class:`Service`: the
+:class:`~handlerkit.harness.Harness`, the CLI, the pytest plugin and the Ray Serve replica. ::
+
+    import handlerkit as hk
+
+    with hk.Service.open("model_store/shapes.mar") as svc:   # or a model dir
+        svc.initialize()
+        out = svc.handle(hk.batch(hk.Request.from_file("circle.png")))
+
+What it does, in the worker's order (``ts/model_loader.py``, ``ts/service.py``):
+
+1. **opens** a model dir or an archive (``.mar``, ``.tar.gz``: unpacked into a temporary dir
+   the service owns and removes on :meth:`close`) into a context
+   (:meth:`MockContext.from_model_dir <handlerkit.context.MockContext.from_model_dir>`);
+2. **takes the manifest's handler** unless given one, in any form: a spec string (resolved by
+   :func:`handlerkit.loading.resolve_handler`), a class (built with no arguments), an instance,
+   or a module-level ``handle(data, context)`` function;
+3. **takes the entry point before** ``initialize`` runs: a ``handle`` set on the instance in
+   ``__init__`` counts, one set in ``initialize`` does not; a service envelope (``json``,
+   ``kserve``, ``kservev2``) is wrapped around it;
+4. **runs** ``initialize`` and every batch under the model dir's imports
+   (:func:`handlerkit.isolation.model_dir_imports`) **and with the model dir as the working
+   directory**: TorchServe's frontend starts the worker process in the model dir, so handlers
+   open relative paths (``os.path.isfile("vocab.txt")``) and find them. In a notebook
+   (``working_dir="call"``, the default) the previous working directory comes back after every
+   call, and a handler that changes it is reported; in a server process
+   (``working_dir="process"``) it is set once, as in a worker;
+5. **binds** each batch to the context (request ids, headers, fresh response statuses) before
+   ``handle``, as the worker does.
+
+A handler that fails is not turned into anything here: what it raises comes out as it is.
+The Harness (stage by stage, with :class:`~handlerkit.errors.StageError` s) and the servers
+build their reports on top.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from handlerkit._stack import user_stacklevel
+from handlerkit.batches import Batch
+from handlerkit.errors import HandlerkitWarning, HandlerLoadError
+from handlerkit.isolation import model_dir_imports
+from handlerkit.loading import instantiate, resolve_handler
+
+if TYPE_CHECKING:
+    from handlerkit.envelopes import Envelope
+
+__all__ = ["Service", "WorkingDir", "class_bound", "is_base_handle"]
+
+#: Where the handler runs: ``"call"`` chdir into the model dir for each call and back after
+#: (a notebook), ``"process"`` chdir once, for good (a server's worker process), ``None`` leave
+#: the working directory alone.
+WorkingDir = Literal["call", "process", None]
+_WORKING_DIRS = ("call", "process", None)
+
+Build = Callable[[type], Any]
+
+
+class Service:
+    """A handler ready to serve one model: its context, its entry point, where it runs.
+
+    Args:
+        handler: a spec string (``"handler.py"``, ``"image_classifier"``,
+            ``"handler.py:handle"``), a handler class (built with no arguments), an instance,
+            or a ``handle(data, context)`` function; None takes the manifest's ``handler``.
+        context: the context handed to the handler (a :class:`~handlerkit.context.MockContext`
+            of the current directory when None); its ``system_properties["model_dir"]`` is the
+            model dir.
+        envelope: a TorchServe service envelope wrapped around the entry point (``"json"``,
+            ``"kserve"``, ``"kservev2"``), as the worker does for a server configured with one.
+        build: builds a class handler's instance from its class, in place of ``cls()`` (the
+            Harness instruments the instance before ``__init__`` runs).
+        working_dir: ``"call"``, ``"process"`` or None (see :data:`WorkingDir`).
+
+    Raises:
+        HandlerLoadError: no handler given and the manifest names none, or the handler cannot
+            be found, imported or built (the message says where it looked; ``fix`` what to do).
+        TypeError: ``handler`` is of no accepted form.
+        ValueError: an unknown ``working_dir``.
+    """
+
+    def __init__(
+        self,
+        handler: Any = None,
+        context: Any = None,
+        *,
+        envelope: str | None = None,
+        build: Build | None = None,
+        working_dir: WorkingDir = "call",
+    ) -> None:
+        if working_dir not in _WORKING_DIRS:
+            raise ValueError(f"working_dir must be 'call', 'process' or None: got {working_dir!r}")
+        if context is None:
+            from handlerkit.context import MockContext
+
+            context = MockContext()
+        self.context = context
+        model_dir = (getattr(context, "system_properties", None) or {}).get("model_dir")
+        #: The model dir (a real path), or None when the context names none.
+        self.model_dir: str | None = os.path.realpath(model_dir) if model_dir else None
+        self.working_dir: WorkingDir = working_dir
+        self.envelope_name = envelope or None
+        #: The spec string the handler was resolved from (None for a class, instance or function).
+        self.spec: str | None = None
+        #: The handler instance (None for a function handler).
+        self.handler: Any = None
+        #: The function handler (None for a class handler).
+        self.function: Callable[..., Any] | None = None
+        #: Where a spec's module came from (``"model_dir"``, ``"handlerkit"``, ``"torchserve"`` …).
+        self.origin: str | None = None
+        self.archive: Any = getattr(context, "archive", None)  # an unpacked archive's temp dir
+        self._home: str | None = None  # the model dir when it exists (see refresh)
+        self._depth = 0  # nesting of running() blocks: only the outermost changes directory
+        self._previous_dir: str | None = None
+        self._warned_dirs: set[str] = set()
+        self.refresh()
+        if working_dir == "process" and self._home is not None:
+            os.chdir(self._home)  # before the handler module is imported, as in the worker
+        with self.running(max_age=0):
+            self._load(handler if handler is not None else self._manifest_handler(), build)
+        # TorchServe's worker takes the entry point before initialize runs (ts/model_loader.py).
+        self._own_handle = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
+        self.envelope: Envelope | None = None
+        self.entry: Callable[[Any, Any], Any] = self._entry_point()
+
+    # -- opening -------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        model: str | os.PathLike[str],
+        *,
+        handler: Any = None,
+        config: str | os.PathLike[str] | None = None,
+        gpu_id: int | str | None = None,
+        batch_size: int | None = None,
+        model_name: str | None = None,
+        metrics_config: str | os.PathLike[str] | None = None,
+        limit_max_image_pixels: bool = True,
+        envelope: str | None = None,
+        build: Build | None = None,
+        working_dir: WorkingDir = "call",
+    ) -> Service:
+        """Open a model dir or an archive and load its handler (the manifest's unless ``handler``).
+
+        An archive (``.mar``, ``.tar.gz``) is unpacked safely into a temporary dir that the
+        service owns: :meth:`close` (or leaving a ``with`` block) removes it. The context's
+        arguments are :meth:`MockContext.from_model_dir
+        <handlerkit.context.MockContext.from_model_dir>`'s; the rest are the constructor's.
+
+        Raises:
+            ModelLoadError: no such model dir, or an unreadable manifest or config.
+            ArchiveError: a file that is no archive, or one refused (paths escaping it, links,
+                bombs …).
+            HandlerLoadError: as the constructor.
+        """
+        from handlerkit.context import MockContext
+
+        context = MockContext.from_model_dir(
+            model, gpu_id=gpu_id, batch_size=batch_size, model_name=model_name, config=config,
+            limit_max_image_pixels=limit_max_image_pixels, metrics_config=metrics_config,
+        )
+        try:
+            return cls(handler, context, envelope=envelope, build=build, working_dir=working_dir)
+        except BaseException:
+            archive = getattr(context, "archive", None)
+            if archive is not None:
+                archive.cleanup()
+            raise
+
+    def close(self) -> None:
+        """Remove the temporary dir an archive was unpacked into (nothing for a model dir)."""
+        if self.archive is not None:
+            self.archive.cleanup()
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the handler ---------------------------------------------------------------------------
+    def _manifest_handler(self) -> str:
+        manifest = getattr(self.context, "manifest", None) or {}
+        spec = (manifest.get("model") or {}).get("handler") if isinstance(manifest, dict) else None
+        if not spec:
+            where = f"the manifest of {self.model_dir}" if self.model_dir else "the context's manifest"
+            raise HandlerLoadError(
+                f"no handler given and {where} names none",
+                fix="pass one (a spec such as 'handler.py' or 'image_classifier', a class, an instance or a "
+                "function; on the command line --handler SPEC), or write the manifest's handler "
+                "(MAR-INF/MANIFEST.json, model.handler)",
+            )
+        return str(spec)
+
+    def _load(self, handler: Any, build: Build | None) -> None:
+        if isinstance(handler, str):
+            resolved = resolve_handler(handler, self._home, build=build)
+            self.spec, self.origin = handler, resolved.origin
+            if resolved.instance is not None:
+                self.handler = resolved.instance
+            else:
+                self.function = resolved.function
+        elif inspect.isclass(handler):
+            self.handler = instantiate(handler, label=f"class {handler.__name__}", build=build)
+        elif inspect.isfunction(handler) or (callable(handler) and not hasattr(handler, "handle")):
+            self.function = handler
+        elif hasattr(handler, "handle"):
+            self.handler = handler
+        else:
+            raise TypeError(
+                "a handler is a spec string, a class, an instance with a handle method or a "
+                f"handle(data, context) function; got {handler!r}"
+            )
+
+    @property
+    def name(self) -> str:
+        """The handler's class name, or the function's qualified name."""
+        if self.handler is not None:
+            return type(self.handler).__name__
+        return getattr(self.function, "__qualname__", None) or type(self.function).__name__
+
+    @property
+    def is_function(self) -> bool:
+        """True for a module-level ``handle(data, context)`` handler."""
+        return self.function is not None
+
+    @property
+    def single_stage(self) -> bool:
+        """True when the entry point is not TorchServe's ``BaseHandler.handle`` (a function
+        handler, an override, or a ``handle`` set on the instance): then only a run through
+        ``handle`` shows what the server does."""
+        if self.is_function or self._own_handle is not None:
+            return True
+        return not is_base_handle(class_bound(self.handler, "handle"))
+
+    def _entry_point(self) -> Callable[[Any, Any], Any]:
+        if self.function is not None:
+            handle = self.function
+        elif self._own_handle is not None:
+            handle = self._own_handle
+        else:
+            handle = class_bound(self.handler, "handle")
+        if self.envelope_name is None:
+            self.envelope = None
+            return handle
+        from handlerkit.envelopes import get_envelope
+
+        self.envelope = get_envelope(self.envelope_name)(handle)  # one for the model's lifetime
+        self.envelope.context = self.context
+        return self.envelope.handle
+
+    def replace(self, *, handler_class: type | None = None, function: Callable[..., Any] | None = None) -> None:
+        """Swap in a new definition of the handler (``Harness.reload``): the instance keeps its
+        state and becomes of ``handler_class``, or ``function`` replaces a function handler;
+        the entry point is taken again."""
+        if handler_class is not None:
+            self.handler.__class__ = handler_class
+        if function is not None:
+            self.function = function
+        self.entry = self._entry_point()
+
+    # -- where it runs -------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Look again whether the model dir exists (at construction, initialize and reload, not
+        per call: a stat costs microseconds between two bursts of torch work)."""
+        self._home = self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
+
+    def running(self, label: str = "the handler", *, max_age: float = 1.0) -> _Running:
+        """A context manager under which the handler runs as in its worker: the model dir's
+        imports (``import model`` finds the dir's own) and, with ``working_dir="call"``, the
+        model dir as the working directory, the previous one back on exit.
+
+        Blocks nest freely (only the outermost changes directory). ``label`` names the code
+        run inside in the warning given when it changes the working directory. ``max_age``:
+        trust the dir's listing for this many seconds (see :func:`model_dir_imports`).
+        """
+        return _Running(self, label, max_age)
+
+    # -- the worker's calls ---------------------------------------------------------------------
+    def initialize(self) -> None:
+        """TorchServe's initialisation: ``initialize(context)`` for a class handler (skipped when
+        it has none), ``handle(None, context)`` for a function handler (bypassing the envelope,
+        as the worker does). What it raises comes out as it is."""
+        self.refresh()
+        with self.running("initialize", max_age=0):
+            if self.function is not None:
+                self.function(None, self.context)
+            elif hasattr(self.handler, "initialize"):
+                self.handler.initialize(self.context)
+        late = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
+        if late is not None and late is not self._own_handle:
+            warnings.warn(
+                f"handlerkit: {self.name}.initialize sets self.handle, but TorchServe's worker takes handle "
+                "before initialize runs, so the server ignores it (and so does handlerkit); set it in __init__",
+                HandlerkitWarning,
+                stacklevel=user_stacklevel(),
+            )
+
+    def bind(self, batch_or_data: Any) -> Batch:
+        """Make ``batch_or_data`` (a Batch, a Request, or any list ``handle`` accepts) the
+        context's current batch, as the worker does before ``handle``; returns the Batch."""
+        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
+        batch.bind(self.context)
+        return batch
+
+    def handle(self, batch_or_data: Any) -> Any:
+        """Exactly what the worker does for a batch: bind it, call the entry point with its data."""
+        batch = self.bind(batch_or_data)
+        with self.running("handle"):
+            return self.entry(batch.data, self.context)
+
+    def __repr__(self) -> str:
+        what = f"class {self.name}" if self.handler is not None else f"function {self.name}"
+        spec = f" from {self.spec!r}" if self.spec else ""
+        envelope = f", envelope={self.envelope_name!r}" if self.envelope_name else ""
+        return f"<Service {what}{spec}, model dir {self.model_dir}{envelope}>"
+
+
+class _Running:
+    """The context manager :meth:`Service.running` returns (a class with slots: the Harness
+    enters one for every stage, so entering and leaving are kept to a few operations)."""
+
+    __slots__ = ("_imports", "_label", "_service")
+
+    def __init__(self, service: Service, label: str, max_age: float) -> None:
+        self._service = service
+        self._label = label
+        self._imports = model_dir_imports(service._home, max_age=max_age)
+
+    def __enter__(self) -> str | None:
+        service = self._service
+        home = service._home
+        if service.working_dir == "call" and home is not None:
+            if service._depth == 0:
+                previous = os.getcwd()
+                service._previous_dir = previous
+                if previous != home:
+                    os.chdir(home)
+            service._depth += 1
+        return self._imports.__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        service = self._service
+        try:
+            self._imports.__exit__(*exc_info)
+        finally:
+            if service.working_dir == "call" and service._home is not None and service._depth > 0:
+                service._depth -= 1
+                if service._depth == 0:
+                    _restore(service, self._label)
+
+
+def _restore(service: Service, label: str) -> None:
+    """Back to the directory the outermost block found; say so when the handler moved away."""
+    home, previous = service._home, service._previous_dir
+    try:
+        now = os.getcwd()
+    except FileNotFoundError:  # the handler chdir'ed into a dir that is gone since
+        now = "(a removed directory)"
+    if now != home and now not in service._warned_dirs:
+        service._warned_dirs.add(now)
+        warnings.warn(
+            f"handlerkit: {label} changed the working directory to {now}; TorchServe's worker runs "
+            f"in the model dir ({home}) and stays wherever a handler moves it, so relative paths in "
+            f"later calls would look elsewhere. handlerkit put it back",
+            HandlerkitWarning,
+            stacklevel=user_stacklevel(),
+        )
+    if previous is not None and now != previous:
+        os.chdir(previous)
+
+
+def is_base_handle(func: Any) -> bool:
+    """True for ``BaseHandler.handle`` of handlerkit or TorchServe (a handle that runs the stages)."""
+    from handlerkit.handlers.base import BaseHandler
+
+    func = getattr(func, "__func__", func)
+    if func is BaseHandler.handle:
+        return True
+    module = getattr(func, "__module__", "") or ""
+    return module == "ts.torch_handler.base_handler" and getattr(func, "__qualname__", "") == "BaseHandler.handle"
+
+
+def class_bound(handler: Any, name: str) -> Any:
+    """The class's attribute ``name`` bound to ``handler`` as attribute lookup binds it (a
+    staticmethod stays a function, a classmethod gets the class), ignoring the instance dict."""
+    cls = type(handler)
+    for klass in cls.__mro__:  # inspect.getattr_static's walk, without its checks
+        namespace = vars(klass)
+        if name in namespace:
+            attr = namespace[name]
+            break
+    else:
+        raise AttributeError(f"{cls.__name__} has no {name}")
+    get = getattr(type(attr), "__get__", None)
+    return get(attr, handler, cls) if get is not None else attr

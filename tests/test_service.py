@@ -1,0 +1,249 @@
+"""handlerkit.service: a model and its handler, loaded and run as TorchServe's worker does."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+import handlerkit as hk
+from handlerkit.errors import HandlerkitWarning, HandlerLoadError
+from handlerkit.service import Service
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+CLASSIFIER = FIXTURES / "models" / "image_classifier"
+CIRCLE = FIXTURES / "images" / "circle.png"
+
+
+def write_dir(path: Path, files: dict[str, str], handler: str | None = "handler.py") -> Path:
+    """A model dir with ``files`` and a manifest naming ``handler``."""
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(textwrap.dedent(text), encoding="utf-8")
+    model = {"modelName": path.name, **({"handler": handler} if handler else {})}
+    (path / "MAR-INF").mkdir()
+    (path / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"runtime": "python", "model": model}))
+    return path
+
+
+#: The pattern of pytorch/serve's examples/Huggingface_Transformers/Transformer_handler_generalized.py:
+#: a file of the model dir is opened by a relative name, found because the worker runs in the
+#: model dir (otherwise that handler asks the Hub, which fails offline).
+RELATIVE_PATHS = """
+    import os
+
+    with open("labels.txt") as f:  # at import, as module-level code may
+        LABELS = f.read().split()
+
+
+    class Handler:
+        def initialize(self, context):
+            if not os.path.isfile("vocab.txt"):
+                raise RuntimeError("no vocab.txt here: the tokenizer would be downloaded from the Hub")
+            self.vocab = open("vocab.txt").read().split()
+
+        def handle(self, data, context):
+            return [{"vocab": self.vocab, "labels": LABELS, "cwd": os.getcwd()} for _ in data]
+"""
+
+
+@pytest.fixture
+def relative_dir(tmp_path: Path) -> Path:
+    return write_dir(tmp_path / "relative", {"handler.py": RELATIVE_PATHS, "vocab.txt": "a b c", "labels.txt": "x y"})
+
+
+def test_open_takes_the_manifests_handler_and_answers_as_the_harness(monkeypatch):
+    monkeypatch.chdir(FIXTURES.parent)  # where notebooks and README examples run
+    with Service.open(CLASSIFIER) as svc:
+        assert svc.spec == "image_classifier" and svc.origin == "handlerkit"
+        svc.initialize()
+        out = svc.handle(hk.batch(hk.Request.from_file(CIRCLE)))
+    assert max(out[0], key=out[0].get) == "circle"
+    h = hk.Harness("image_classifier", hk.MockContext.from_model_dir(CLASSIFIER))
+    assert h.run(hk.batch(hk.Request.from_file(CIRCLE))).output == out
+
+
+def test_an_archive_is_unpacked_into_a_dir_the_service_removes(tmp_path):
+    from handlerkit import archive
+
+    mar = archive.build(CLASSIFIER, tmp_path / "store")
+    svc = Service.open(mar)
+    unpacked = Path(svc.model_dir)
+    assert unpacked.is_dir() and (unpacked / "model.pt").is_file() and tmp_path not in unpacked.parents
+    svc.initialize()
+    assert len(svc.handle([{"body": CIRCLE.read_bytes()}])) == 1
+    svc.close()
+    assert not unpacked.exists()
+    with Service.open(mar) as again:
+        second = Path(again.model_dir)
+    assert not second.exists()
+
+
+def test_a_manifest_without_a_handler_says_how_to_give_one(tmp_path):
+    model_dir = write_dir(tmp_path / "nohandler", {"model.py": "X = 1\n"}, handler=None)
+    with pytest.raises(HandlerLoadError, match="no handler given and the manifest of .* names none") as info:
+        Service.open(model_dir)
+    assert "--handler SPEC" in info.value.fix
+
+
+def test_every_handler_form(tmp_path):
+    model_dir = write_dir(tmp_path / "forms", {"handler.py": """
+        class Echo:
+            def initialize(self, context):
+                self.ready = True
+
+            def handle(self, data, context):
+                return [self.ready for _ in data]
+        """})
+    ctx = hk.MockContext(model_dir=model_dir)
+    from_spec = Service("handler.py", ctx)
+    cls = type(from_spec.handler)
+    calls = []
+
+    def handle(data, context):
+        calls.append(data)
+        return None if data is None else ["fn"] * len(data)
+
+    instance = cls()
+    for handler, expected in ((from_spec, None), (cls, None), (instance, None)):
+        svc = handler if isinstance(handler, Service) else Service(handler, ctx)
+        svc.initialize()
+        assert svc.handle([1, 2]) == [True, True] and not svc.is_function
+    svc = Service(handle, ctx)
+    svc.initialize()  # TorchServe initialises a function handler with handle(None, context)
+    assert svc.is_function and calls == [None]
+    assert svc.handle([{"body": "x"}]) == ["fn"] and svc.name == "test_every_handler_form.<locals>.handle"
+    with pytest.raises(TypeError, match="a spec string, a class, an instance with a handle method"):
+        Service(42, ctx)
+
+
+def test_a_constructor_that_needs_arguments_is_a_load_error_with_a_fix():
+    class NeedsArgs:
+        def __init__(self, path):
+            self.path = path
+
+        def handle(self, data, context):
+            return data
+
+    with pytest.raises(HandlerLoadError, match=r"builds the handler with NeedsArgs\(\) \(no arguments\)") as info:
+        Service(NeedsArgs, hk.MockContext())
+    assert "initialize(self, context)" in info.value.fix
+
+
+def test_the_entry_point_is_taken_before_initialize():
+    class Early:
+        def __init__(self):
+            self.handle = lambda data, context: ["from __init__"] * len(data)
+
+        def initialize(self, context):
+            pass
+
+    class Late:
+        def initialize(self, context):
+            self.handle = lambda data, context: ["from initialize"] * len(data)
+
+        def handle(self, data, context):
+            return ["class handle"] * len(data)
+
+    early = Service(Early, hk.MockContext())
+    early.initialize()
+    assert early.handle([1]) == ["from __init__"] and early.single_stage
+    late = Service(Late, hk.MockContext())
+    with pytest.warns(HandlerkitWarning, match="initialize sets self.handle, but TorchServe's worker takes handle before"):
+        late.initialize()
+    assert late.handle([1]) == ["class handle"]
+
+
+def test_the_envelope_wraps_the_entry_point_once():
+    def handle(data, context):
+        return None if data is None else [sum(row) for row in data]
+
+    svc = Service(handle, hk.MockContext(), envelope="json")
+    assert svc.envelope is not None and svc.entry == svc.envelope.handle
+    svc.initialize()  # bypasses the envelope, as the worker's initialisation call does
+    out = svc.handle([{"body": {"instances": [[1, 2], [3, 4]]}}])
+    assert [json.loads(item) for item in out] == [{"predictions": [3, 7]}]
+    with pytest.raises(hk.HandlerkitError, match="unknown service envelope 'jsn'.*did you mean 'json'"):
+        Service(handle, hk.MockContext(), envelope="jsn")
+
+
+def test_the_handler_runs_in_the_model_dir_and_the_notebook_keeps_its_own(relative_dir, tmp_path, monkeypatch):
+    notebook_dir = tmp_path / "notebook"
+    notebook_dir.mkdir()
+    monkeypatch.chdir(notebook_dir)
+    svc = Service.open(relative_dir)  # the handler module read labels.txt at import
+    assert os.getcwd() == str(notebook_dir)
+    svc.initialize()  # found vocab.txt
+    assert os.getcwd() == str(notebook_dir)
+    (out,) = svc.handle([{"body": b""}])
+    assert out == {"vocab": ["a", "b", "c"], "labels": ["x", "y"], "cwd": str(relative_dir.resolve())}
+    assert os.getcwd() == str(notebook_dir)
+
+
+def test_a_handler_that_changes_the_working_directory_is_reported_and_put_back(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    model_dir = write_dir(tmp_path / "wanders", {"handler.py": f"""
+        import os
+
+        class Wanders:
+            def initialize(self, context):
+                pass
+
+            def handle(self, data, context):
+                os.chdir({str(elsewhere)!r})
+                return [os.getcwd() for _ in data]
+        """})
+    monkeypatch.chdir(tmp_path)
+    svc = Service.open(model_dir)
+    svc.initialize()
+    with pytest.warns(HandlerkitWarning, match=r"handle changed the working directory to .*elsewhere; TorchServe's worker"):
+        assert svc.handle([1]) == [str(elsewhere)]
+    assert os.getcwd() == str(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per directory
+        svc.handle([1])
+    assert os.getcwd() == str(tmp_path)
+
+
+def test_running_blocks_nest_and_only_the_outermost_moves(relative_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    svc = Service.open(relative_dir)
+    with svc.running():
+        assert os.getcwd() == str(relative_dir.resolve())
+        with svc.running():
+            assert os.getcwd() == str(relative_dir.resolve())
+        assert os.getcwd() == str(relative_dir.resolve())
+    assert os.getcwd() == str(tmp_path)
+
+
+def test_a_worker_process_moves_once_for_good(relative_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # put back after the test
+    svc = Service.open(relative_dir, working_dir="process")
+    assert os.getcwd() == str(relative_dir.resolve())  # before the handler module was imported
+    svc.initialize()
+    svc.handle([1])
+    assert os.getcwd() == str(relative_dir.resolve())
+
+
+def test_a_working_dir_of_none_leaves_the_directory_alone(relative_dir):
+    with pytest.raises(HandlerLoadError, match="labels.txt"):  # module-level open() looks in the cwd
+        Service.open(relative_dir, working_dir=None)
+    with pytest.raises(ValueError, match="working_dir must be 'call', 'process' or None"):
+        Service.open(relative_dir, working_dir="notebook")
+
+
+def test_the_harness_is_built_on_a_service(relative_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    h = hk.Harness.open(relative_dir)
+    assert h.service.spec == "handler.py" and h.context is h.service.context
+    assert h.run([{"body": b""}]).output[0]["vocab"] == ["a", "b", "c"]
+    svc = Service.open(relative_dir)
+    assert hk.Harness(svc).service is svc
+    with pytest.raises(ValueError, match="a Service brings its own context"):
+        hk.Harness(svc, hk.MockContext())
+    assert os.getcwd() == str(tmp_path)
