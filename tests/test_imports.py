@@ -75,10 +75,6 @@ LAYERS: dict[str, int] = {
     # 7. front ends
     "handlerkit.cli": 7,
     "handlerkit.viz": 7,
-    "handlerkit._viz_handler": 7,
-    "handlerkit._viz_prepare": 7,
-    "handlerkit._viz_overlay": 7,
-    "handlerkit._viz_draw": 7,
     "handlerkit.widgets": 7,
     "handlerkit._widgets_panes": 7,
     "handlerkit.pytest_plugin": 7,
