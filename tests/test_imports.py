@@ -77,10 +77,6 @@ LAYERS: dict[str, int] = {
     # 8. front ends
     "handlerkit.cli": 8,
     "handlerkit.viz": 8,
-    "handlerkit._viz_handler": 8,
-    "handlerkit._viz_prepare": 8,
-    "handlerkit._viz_overlay": 8,
-    "handlerkit._viz_draw": 8,
     "handlerkit.widgets": 8,
     "handlerkit._widgets_panes": 8,
     "handlerkit.pytest_plugin": 8,

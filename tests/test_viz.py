@@ -1,5 +1,7 @@
-"""hk.show: the picture chosen for each kind of value, drawn from the real shapes classifier,
-compared with golden images; bounded work on huge tensors; clear errors for bad input.
+"""hk.show, the package's front (``handlerkit/viz/__init__.py``): whole pictures drawn from the
+real shapes classifier and compared with golden images; bounded work on huge tensors; clear
+errors for bad input; matplotlib optional, never global, displayed in Jupyter. Each module of
+the package has its own test module (``test_viz_<module>.py``).
 
 Golden images (tests/golden/*.png) are compared with matplotlib's ``compare_images`` (RMS
 tolerance ``TOL``) under the Agg backend, a fixed style and font. Regenerate them, after a
@@ -23,51 +25,20 @@ from types import SimpleNamespace
 
 import matplotlib
 import matplotlib.style
-import matplotlib.text
-import numpy as np
 import pytest
 import torch
 
 import handlerkit as hk
 from _strict import Strict
+from _viz import classifier  # noqa: F401 (a fixture)
+from _viz import CLASSIFIER, IMAGES, NAMES, ROOT, drawn_images, kinds, panels, shape_masks, texts
 from handlerkit import viz
 from handlerkit.errors import HandlerkitError
 from handlerkit.results import StageResult
 
-matplotlib.use("Agg")
-
-ROOT = Path(__file__).resolve().parent.parent
-CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
-IMAGES = ROOT / "fixtures" / "images"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REGEN = os.environ.get("HANDLERKIT_REGEN_GOLDEN") == "1"
 TOL = 2.0  # RMS over 0-255 pixel values
-NAMES = ("circle.png", "star.jpg", "square.png", "triangle.png")
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def classifier() -> SimpleNamespace:
-    """The shapes classifier run on four fixture images: harness, run, and what it computed."""
-    h = hk.Harness("image_classifier", hk.MockContext.from_model_dir(str(CLASSIFIER)))
-    run = h.run(hk.batch(*(hk.Request.from_file(str(IMAGES / name)) for name in NAMES)))
-    pixels = run.stages["preprocess"].output
-    probs = torch.softmax(run.stages["inference"].output, dim=1)
-    return SimpleNamespace(h=h, run=run, pixels=pixels, probs=probs, handler=h.handler)
-
-
-def shape_masks(pixels: torch.Tensor, handler) -> torch.Tensor:
-    """[N, H, W] bool: the pixels far from the image border's colour (each image's shape)."""
-    view = viz._view(None, handler)
-    mean = torch.tensor(view.mean).view(1, 3, 1, 1)
-    std = torch.tensor(view.std).view(1, 3, 1, 1)
-    rgb = pixels * std + mean
-    border = torch.cat([rgb[:, :, 0], rgb[:, :, -1], rgb[:, :, :, 0], rgb[:, :, :, -1]], dim=2).mean(2)
-    return (rgb - border[:, :, None, None]).abs().sum(1) > 0.3
 
 
 @contextlib.contextmanager
@@ -96,23 +67,6 @@ def check_golden(name: str, make, tmp_path: Path) -> None:
                     "tests/test_viz.py -k golden, look at it, commit it")
     difference = compare_images(str(expected), str(actual), tol=TOL)
     assert difference is None, difference
-
-
-def kinds(obj, **kwargs) -> list[str]:
-    options = {"handler": None, "image": None, "top_k": 5, "max_images": 16, **kwargs}
-    return [p.kind for p in viz._panels(obj, options["handler"], options["image"], options["top_k"],
-                                         options["max_images"])]
-
-
-def drawn_images(fig) -> list[np.ndarray]:
-    return [np.asarray(im.get_array()) for ax in fig.get_axes() for im in ax.get_images()]
-
-
-def texts(fig) -> str:
-    found = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
-    found += [cell.get_text().get_text() for ax in fig.get_axes() for table in ax.tables
-              for cell in table.get_celld().values()]
-    return "\n".join(found)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,140 +153,20 @@ def test_golden_images_stay_small():
 
 
 # ---------------------------------------------------------------------------------------------
-# What the pictures read from the handler
+# The front: hk.show and hk.summary are the package's, arguments, bad input, bounded work
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_image_grid_is_de_normalised_with_the_handlers_transform(classifier):
-    """The grid's pixels are the photo's (Resize, CenterCrop, ToTensor), not the normalised values."""
-    from PIL import Image
-    from torchvision import transforms
-
-    panel = viz._panels(classifier.run.stages["preprocess"], None, None, 5, 16)[0]
-    assert "mean=[0.485, 0.456, 0.406]" in panel.notes[0] and "handler.image_processing" in panel.notes[0]
-    photo = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()])(
-        Image.open(IMAGES / "circle.png").convert("RGB"))
-    grid = panel.data["grid"]  # 2 x 2 images of 224 with 2-pixel padding
-    drawn = torch.as_tensor(grid[2:226, 2:226]).permute(2, 0, 1).float()
-    assert (drawn - photo).abs().max() < 1e-4
+def test_hk_show_and_summary_are_the_packages_public_names():
+    assert hk.show is viz.show and hk.summary is viz.summary
+    assert viz.__all__ == ["show", "summary"]
+    assert hk.summary(torch.ones(2)).startswith("Tensor[2] float32")
 
 
-def test_without_a_handler_the_images_are_rescaled_and_say_so(classifier):
-    panel = viz._panels(classifier.pixels, None, None, 5, 16)[0]
-    assert panel.kind == "images" and "no Normalize found on the handler" in panel.notes[-1]
-
-
-def test_bars_are_labelled_from_the_mapping_and_handler_overrides_it(classifier):
-    fig = viz.show(classifier.run.stages["inference"], top_k=2)
-    labels = [t.get_text() for ax in fig.get_axes() for t in ax.get_yticklabels()]
-    assert labels[:2] == ["circle", "square"] and len(labels) == 2 * len(NAMES)
-    own = SimpleNamespace(mapping={str(i): f"class {i}" for i in range(5)})
-    fig = viz.show(classifier.run.stages["inference"].output, handler=own, top_k=1)
-    assert [t.get_text() for ax in fig.get_axes() for t in ax.get_yticklabels()][0] == "class 0"
-    # a Harness stands for its handler
-    assert "circle" in texts(viz.show(classifier.run.stages["inference"].output, handler=classifier.h))
-
-
-def test_handler_facts_are_found_where_torchserve_and_torchvision_keep_them():
-    from torchvision import transforms
-    from torchvision.transforms import v2
-
-    from handlerkit._viz_handler import read_handler
-
-    class V2Handler:
-        preprocess_pipeline = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-                                          v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
-
-        @property
-        def transform(self):  # never run: attributes are read statically
-            raise AssertionError("a property ran")
-
-    view = read_handler(V2Handler())
-    assert (view.mean, view.std, view.normalize_at) == ([0.5] * 3, [0.25] * 3, "handler.preprocess_pipeline")
-    ts_style = SimpleNamespace(image_processing=transforms.Compose([transforms.Normalize([0.1], [0.2])]),
-                               mapping={"0": ["n0", "tench"]}, source_vocab=["<unk>", "hello"])
-    view = read_handler(ts_style)
-    assert view.mean == [0.1] and view.label(0) == "tench" and view.tokens([1, 7]) == ["hello", "<7?>"]
-
-    class Tokenizer:  # Hugging Face's surface
-        def convert_ids_to_tokens(self, ids):
-            return [f"tok{i}" for i in ids]
-
-    assert read_handler(SimpleNamespace(tokenizer=Tokenizer())).tokens([3]) == ["tok3"]
-    assert read_handler(lambda data, context: data).mean is None  # a function handler has none
-
-
-# ---------------------------------------------------------------------------------------------
-# The picture chosen for each value
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "make, expected",
-    [
-        (lambda: torch.rand(2, 3, 32, 32), ["images"]),
-        (lambda: torch.rand(1, 32, 32), ["images"]),
-        (lambda: torch.randint(0, 255, (2, 3, 16, 16), dtype=torch.uint8), ["images"]),
-        (lambda: torch.rand(2, 8, 16, 16), ["features"]),
-        (lambda: torch.rand(8, 16, 16), ["features"]),
-        (lambda: torch.randint(0, 3, (2, 16, 16)), ["overlay"]),
-        (lambda: torch.rand(2, 16, 16) > 0.5, ["overlay"]),
-        (lambda: torch.randn(2, 5), ["bars"]),
-        (lambda: torch.randn(64, 64), ["heatmap"]),
-        (lambda: torch.randint(0, 100, (2, 10)), ["table"]),
-        (lambda: torch.randn(10), ["bars"]),
-        (lambda: torch.randn(1000), ["histogram"]),
-        (lambda: torch.rand(1000) > 0.5, ["bars"]),
-        (lambda: torch.rand(2, 2, 3, 8, 8), ["images"]),
-        (lambda: np.random.default_rng(0).random((2, 3, 8, 8)), ["images"]),
-        (lambda: np.random.default_rng(0).random((8, 8, 3)).astype(">f4")[::-1].T, ["images"]),
-        (lambda: torch.zeros(0, 3), ["card"]),
-        (lambda: torch.tensor(1.5), ["card"]),
-        (lambda: torch.empty(2, 3, 8, 8, device="meta"), ["card"]),
-        (lambda: [torch.rand(3, 8, 8), torch.rand(3, 8, 8)], ["images"]),
-        (lambda: {"logits": torch.randn(2, 5), "pixels": torch.rand(2, 3, 8, 8)}, ["bars", "images"]),
-        (lambda: [{"circle": 0.9, "star": 0.1}], ["bars"]),
-        (lambda: [[{"circle": [1, 2, 10, 12], "score": 0.9}], []], ["overlay"]),
-        (lambda: {"boxes": torch.tensor([[1.0, 2, 10, 12]]), "labels": torch.tensor([1])}, ["overlay"]),
-        (lambda: [[0.1, 0.9], [0.8, 0.2]], ["bars"]),
-        (lambda: torch.randint(0, 255, (28, 28), dtype=torch.uint8), ["heatmap"]),
-        (lambda: [[[torch.rand(3, 8, 8)]]], ["images"]),
-    ],
-    ids=["images", "one-image", "uint8-images", "features", "channels", "int-mask", "bool-mask", "logits",
-         "heatmap", "token-ids", "short-1d", "histogram", "bool-1d", "5d", "numpy", "numpy-odd", "empty", "0-d", "meta",
-         "list-of-images", "dict", "score-dicts", "torchserve-detections", "torchvision-detection", "number-lists",
-         "grey-uint8", "nested-lists"],
-)
-def test_the_picture_for_each_kind_of_value(make, expected):
-    value = make()
-    assert kinds(value) == expected
-    fig = viz.show(value)
-    fig.canvas.draw()  # rendering too must not raise
-    assert fig.get_axes()
-
-
-def test_a_segmentation_is_recognised_by_the_mapping_or_the_input_size(classifier):
-    scores = torch.randn(len(NAMES), 5, 224, 224)
-    assert kinds(StageResult("inference", input=classifier.pixels, output=scores)) == ["overlay"]
-    assert kinds(scores, handler=classifier.handler) == ["overlay"]  # 5 classes = the mapping's width
-    assert kinds(torch.randn(2, 7, 16, 16)) == ["features"]
-
-
-def test_the_run_stage_picture_uses_the_input_image(classifier):
-    masks = shape_masks(classifier.pixels, classifier.handler).long()
-    result = StageResult("postprocess", output=masks, source=SimpleNamespace())  # no mapping: 0 is background
-    panel = viz._panels(result, None, None, 5, 16)[0]
-    assert any("no input image known" in n for n in panel.notes)
-    panel = viz._panels(result, None, classifier.pixels, 5, 16)[0]  # image=
-    assert not any("no input image known" in n for n in panel.notes)
-    assert panel.data["legend"] == [("1", "#ff7f0e")]
-    named = viz._panels(result, classifier.handler, None, 5, 16)[0]  # its mapping names class 0: drawn too
-    assert named.data["legend"] == [("circle", "#1f77b4"), ("square", "#ff7f0e")]
-
-
-# ---------------------------------------------------------------------------------------------
-# Bad input
-# ---------------------------------------------------------------------------------------------
+def test_a_run_is_titled_with_its_batch_size_and_a_title_overrides_it(classifier):
+    assert viz.show(classifier.run).get_suptitle() == f"Run of {len(NAMES)} request(s)"
+    assert viz.show(classifier.run, title="four shapes").get_suptitle() == "four shapes"
+    assert viz.show(classifier.pixels).get_suptitle() == "Tensor[4, 3, 224, 224] float32 cpu"  # the panel's own
 
 
 @pytest.mark.parametrize("value", ["text", 3, None, b"bytes", object()], ids=["str", "int", "None", "bytes", "object"])
@@ -385,27 +219,33 @@ def test_odd_values_draw_without_errors_from_matplotlib(make):
 
 
 def test_a_huge_tensor_draws_a_bounded_number_of_pixels_and_values():
-    from handlerkit._viz_prepare import HIST_BINS, HIST_SAMPLE, MAX_SIDE
+    from handlerkit.viz.histogram import HIST_BINS, HIST_SAMPLE
+    from handlerkit.viz.panel import MAX_SIDE
 
     big = viz.show(torch.rand(4000, 4000))
     assert max(max(a.shape[:2]) for a in drawn_images(big)) <= MAX_SIDE
     volume = viz.show(torch.rand(4, 64, 256, 256))  # 16M values: 16 channels of sample 0
     assert max(max(a.shape[:2]) for a in drawn_images(volume)) <= MAX_SIDE
-    panel = viz._panels(torch.rand(3 * 10**6), None, None, 5, 16)[0]
+    panel = panels(torch.rand(3 * 10**6))[0]
     assert len(panel.data["counts"]) == HIST_BINS and panel.data["counts"].sum() <= HIST_SAMPLE
-    video = viz._panels(torch.rand(2, 30, 3, 64, 64), None, None, 5, 4)[0]  # 5-d, max_images=4
+    video = panels(torch.rand(2, 30, 3, 64, 64), max_images=4)[0]  # 5-d, max_images=4
     assert video.kind == "images" and any("of a 5-d tensor" in n for n in video.notes)
     assert video.data["grid"].shape[:2] == (2 * 66 + 2, 2 * 66 + 2)  # 4 images of 64, padded
     logits = viz.show(StageResult("inference", output=torch.randn(100, 50_000)), top_k=3)  # a vocabulary's scores
     assert sum(len(ax.patches) for ax in logits.get_axes()) == 8 * 3  # 8 rows at most
 
 
-def test_a_failing_stage_shows_its_error_and_a_run_with_nothing_to_draw_a_card():
-    from handlerkit.results import Run
+def test_an_unforeseen_failure_names_what_came(monkeypatch):
+    from handlerkit.viz import dispatch
 
-    run = Run(output=["a"], stages={"postprocess": StageResult("postprocess", output=["a"])}, batch_size=1)
-    assert kinds(run) == ["card"]
-    assert kinds(StageResult("postprocess", output="done")) == ["card"]
+    def broken(*args, **kwargs):
+        raise RuntimeError("a torch op refused")
+
+    monkeypatch.setattr(dispatch, "histogram_panel", broken)
+    message = r"could not draw Tensor\[1000\] float32 cpu: RuntimeError: a torch op"
+    with pytest.raises(HandlerkitError, match=message) as info:
+        viz.show(torch.randn(1000))
+    assert isinstance(info.value.__cause__, RuntimeError)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,29 +293,3 @@ def test_a_returned_figure_displays_as_png_in_a_fresh_kernel():
     client.execute()
     outputs = notebook.cells[0].outputs
     assert [o["output_type"] for o in outputs] == ["execute_result"] and "image/png" in outputs[0]["data"]
-
-
-def test_an_unforeseen_failure_names_what_came(monkeypatch):
-    from handlerkit import _viz_prepare
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("a torch op refused")
-
-    monkeypatch.setattr(_viz_prepare, "histogram_panel", broken)
-    message = r"could not draw Tensor\[1000\] float32 cpu: RuntimeError: a torch op"
-    with pytest.raises(HandlerkitError, match=message) as info:
-        viz.show(torch.randn(1000))
-    assert isinstance(info.value.__cause__, RuntimeError)
-
-
-def test_the_text_classifier_run_shows_its_tokens_and_scores():
-    """EmbeddingBag input (ids + offsets) as one row per request, read with the handler's vocabulary."""
-    model_dir = ROOT / "fixtures" / "models" / "text_classifier"
-    h = hk.Harness("text_classifier", hk.MockContext.from_model_dir(str(model_dir)))
-    run = h.run(hk.batch(hk.Request.text("the cat sat on the mat"), hk.Request.text("rain and wind today")))
-    assert kinds(run) == ["table", "bars"]
-    table = viz._panels(run.stages["preprocess"], None, None, 5, 16)[0]
-    assert table.data["cells"][0][0] == "the" and len(table.data["cells"]) == 2
-    assert "vocabulary: handler.source_vocab" in table.notes
-    labels = texts(viz.show(run))
-    assert set(h.handler.mapping.values()) <= set(labels.split())

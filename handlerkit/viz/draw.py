@@ -1,4 +1,4 @@
-"""Panels → a matplotlib ``Figure`` (the drawing side of ``hk.show``).
+"""Panels → a matplotlib ``Figure`` (the drawing side of ``hk.show``), displayed as PNG in Jupyter.
 
 Figures are made with ``matplotlib.figure.Figure``, not pyplot, so nothing is registered with
 pyplot's figure manager and nothing is shown behind the caller's back; the style is set in an
@@ -14,9 +14,9 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit._viz_prepare import Panel
+from handlerkit.viz.panel import Panel
 
-__all__ = ["figure", "STYLE"]
+__all__ = ["STYLE", "display_as_png", "figure"]
 
 #: The house style, applied while a figure is built (fonts small enough for tables of labels).
 STYLE: dict[str, Any] = {
@@ -171,3 +171,25 @@ _KINDS = {
     "bars": _bars,
     "table": _table,
 }
+
+
+def display_as_png() -> None:
+    """Make IPython display a returned Figure as PNG. matplotlib-inline registers that formatter
+    only once pyplot loads its backend; show() never imports pyplot, so in a fresh kernel the
+    Figure would print as ``<Figure size ...>``. A formatter already set (inline backend,
+    ``%config InlineBackend.figure_formats``) is left alone."""
+    import functools
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return
+    from matplotlib.figure import Figure
+
+    formatters = shell.display_formatter.formatters
+    if any(Figure in getattr(f, "type_printers", {}) for f in formatters.values()):
+        return
+    from IPython.core.pylabtools import print_figure
+
+    formatters["image/png"].for_type(Figure, functools.partial(print_figure, fmt="png", base64=True))

@@ -1,4 +1,5 @@
-"""Segmentations and detections drawn on their input image (torchvision's drawing utilities).
+"""Overlays: segmentations and detections drawn on their input image (torchvision's drawing
+utilities).
 
 The input image comes from the result (the Run's preprocess output, ``StageResult.input``) and
 is de-normalised like the image grid; without one, a dark canvas stands in. Masks and boxes
@@ -12,13 +13,22 @@ from typing import Any
 
 import torch
 
-from handlerkit._viz_prepare import Context, Panel, cell_side, colour, first, grid, shrink, unit_images
+from handlerkit.viz.images import grid, unit_images
+from handlerkit.viz.panel import Context, Panel, cell_side, first, shrink
 
-__all__ = ["detections_panel", "segmentation_panel", "image_at"]
+__all__ = ["PALETTE", "colour", "detections_panel", "image_at", "segmentation_panel"]
 
 MAX_BOXES = 50
 MAX_CLASSES = 20
 _CANVAS = 40  # grey level of the canvas drawn on when there is no input image
+# matplotlib's tab10, so class colours in overlays match their legend.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+
+
+def colour(index: int) -> str:
+    """The colour of class `index` (cycling through ``PALETTE``)."""
+    return PALETTE[index % len(PALETTE)]
 
 
 def image_at(images: Any, index: int) -> torch.Tensor | None:

@@ -1,10 +1,11 @@
 """What a picture needs to know about the handler: its normalisation, labels and vocabulary.
 
 Pictures read them from the handler that produced a result (``StageResult.source``,
-``Run.source``), so the user passes nothing: the mean and std of a torchvision ``Normalize``
-inside the handler's transforms (TorchServe's vision handlers keep them in
-``image_processing``), the index→label ``mapping`` (``index_to_name.json``), and a vocabulary
-(``vocab``, ``source_vocab`` as in TorchServe's text handlers, or a Hugging Face ``tokenizer``).
+``Run.source``; :func:`view_for` picks it), so the user passes nothing: the mean and std of a
+torchvision ``Normalize`` inside the handler's transforms (TorchServe's vision handlers keep
+them in ``image_processing``), the index→label ``mapping`` (``index_to_name.json``), and a
+vocabulary (``vocab``, ``source_vocab`` as in TorchServe's text handlers, or a Hugging Face
+``tokenizer``).
 Attributes are read statically (``inspect.getattr_static``), so no property runs.
 """
 
@@ -16,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HandlerView", "read_handler"]
+from handlerkit.results import Run, StageResult
+
+__all__ = ["HandlerView", "read_handler", "view_for"]
 
 # Where handlers keep their transforms, most common first; other attributes are searched after.
 _TRANSFORM_NAMES = ("image_processing", "transform", "transforms", "preprocess_transform", "image_transform",
@@ -202,3 +205,13 @@ def read_handler(handler: Any) -> HandlerView:
             view.lookup, view.vocab_at = lookup, f"handler.{name}"
             break
     return view
+
+
+def view_for(obj: Any, handler: Any = None) -> HandlerView:
+    """What the pictures of `obj` can use: from `handler` when given (a Harness stands for its
+    handler), else from the handler that produced `obj` (a StageResult's or Run's ``source``)."""
+    if handler is None:
+        handler = getattr(obj, "source", None) if isinstance(obj, (StageResult, Run)) else None
+    if hasattr(handler, "handler") and hasattr(handler, "results"):  # a Harness: its handler
+        handler = handler.handler
+    return read_handler(handler)

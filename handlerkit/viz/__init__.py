@@ -1,0 +1,76 @@
+"""``hk.show``: the picture of a stage's input or output, and ``hk.summary``: its one-line numbers.
+
+``show(obj)`` takes a :class:`~handlerkit.results.StageResult`, a :class:`~handlerkit.results.Run`,
+a tensor, or a list / dict of them, picks the picture that fits, and returns a matplotlib
+``Figure`` (Jupyter displays it; nothing is shown behind your back, and pyplot is not used).
+The handler that produced a result (``.source``) supplies what the pictures need: the mean and
+std of its ``Normalize`` transform (images are de-normalised), its label ``mapping`` (bars and
+legends) and its vocabulary (token tables). ``handler=`` overrides it; ``image=`` gives the
+input image for overlays when the object does not carry one.
+
+``show`` reads top-down through the package:
+
+1. ``handler_view``: what the pictures read from the handler (mean/std, labels, vocabulary);
+2. ``dispatch``: which picture fits the data (the one place that decides, with its table);
+3. the panels, one module per kind: ``images`` (image grids, feature maps, heat maps),
+   ``bars`` (class scores, values, ``{label: score}`` dicts), ``histogram``, ``overlays``
+   (masks and boxes on the input image), ``tokens`` (token tables), ``cards`` (text: summaries
+   and a failed stage's error); ``panel`` holds what they share (``Panel``, the bounds);
+4. ``draw``: the panels as one matplotlib ``Figure``, displayed as PNG in Jupyter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handlerkit._describe import describe
+from handlerkit._optional import require
+from handlerkit._summary import summary
+from handlerkit.errors import HandlerkitError
+from handlerkit.results import Run
+
+__all__ = ["show", "summary"]
+
+
+def show(obj: Any, *, handler: Any = None, image: Any = None, top_k: int = 5, max_images: int = 16,
+         title: str | None = None) -> Any:
+    """The picture of `obj`, as a matplotlib ``Figure``.
+
+    Args:
+        obj: a StageResult, a Run, a tensor (or numpy array), or a list / dict of them.
+        handler: the handler whose transforms, ``mapping`` and vocabulary the picture uses
+            (default: ``obj.source``, the handler that produced it); a Harness works too.
+        image: the input image batch ``[N, C, H, W]`` for segmentation and detection overlays
+            (default: the Run's preprocess output, or the StageResult's input).
+        top_k: bars per row for class scores.
+        max_images: the most images (or channels) drawn.
+        title: the figure's title.
+
+    Raises:
+        HandlerkitError: `obj` holds nothing to draw (it names what came).
+        ImportError: matplotlib is missing (with the pip command).
+    """
+    require("matplotlib", feature="hk.show", extra="notebook")
+    for name, value in (("top_k", top_k), ("max_images", max_images)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"show(): {name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"show(): {name} must be at least 1, got {value}")
+    from handlerkit.viz.dispatch import panels_for
+    from handlerkit.viz.draw import display_as_png, figure
+    from handlerkit.viz.handler_view import view_for
+
+    if title is None and isinstance(obj, Run):
+        title = f"Run of {obj.batch_size} request(s)"
+    try:
+        view = view_for(obj, handler)
+        fig = figure(panels_for(obj, view, image=image, top_k=top_k, max_images=max_images), title)
+    except HandlerkitError:
+        raise
+    except Exception as exc:  # a case we did not foresee: name what came, not torch's or matplotlib's frame
+        raise HandlerkitError(
+            f"show() could not draw {describe(obj)}: {type(exc).__name__}: {exc}",
+            fix="draw it yourself meanwhile (hk.summary(obj) gives its numbers), and report the case",
+        ) from exc
+    display_as_png()
+    return fig

@@ -1,0 +1,24 @@
+"""Cards: text where no picture fits (a value's summary, nothing to draw) and a failed stage's
+error with its fix."""
+
+from __future__ import annotations
+
+from handlerkit.results import StageResult
+from handlerkit.viz.panel import Panel
+
+__all__ = ["card", "error_card"]
+
+MAX_LINES = 24
+
+
+def card(title: str, lines: list[str]) -> Panel:
+    """A panel of text lines (the first ``MAX_LINES``), sized to them."""
+    lines = lines[:MAX_LINES]
+    return Panel("card", title, {"lines": lines}, size=(6.4, 0.5 + 0.17 * (len(lines) + 2)))
+
+
+def error_card(result: StageResult) -> Panel:
+    """A failed stage: the original exception's type in the title, the error and its fix below."""
+    original = result.error.original if result.error is not None else None
+    kind = type(original).__name__ if original is not None else "StageError"
+    return card(f"{result.stage} failed: {kind}", str(result.error).splitlines())

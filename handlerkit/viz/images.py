@@ -1,0 +1,99 @@
+"""Images and other 2-d pictures of values: image grids (de-normalised with the handler's
+``Normalize``), a tensor's channels as feature maps, and a matrix as a heat map.
+
+``unit_images`` and ``grid`` are shared with ``overlays``, which draw masks and boxes on the
+same de-normalised input image.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from handlerkit.viz.handler_view import HandlerView
+from handlerkit.viz.panel import MAX_SIDE, Context, Panel, cell_side, columns, finite_range, first, shrink
+
+__all__ = ["features_panel", "grid", "heatmap_panel", "images_panel", "unit_images"]
+
+
+def images_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
+    """[N, C, H, W] (C 1 or 3) as a grid, de-normalised."""
+    x, n_note = first(x, ctx.max_images, "images")
+    x, step = shrink(x, cell_side(x.shape[0]))
+    x01, note = unit_images(x, ctx.view)
+    notes = [n for n in (n_note, note, f"every {step}th pixel" if step > 1 else "") if n]
+    return Panel("images", title, {"grid": grid(x01)}, notes, size=(4.8, 4.4))
+
+
+def features_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
+    """[C, H, W] as a grid of channels, each scaled to its own range."""
+    x, c_note = first(x, ctx.max_images, "channels")
+    x, step = shrink(x, cell_side(x.shape[0]))
+    x = x.float()
+    flat = x.flatten(1)
+    finite = torch.isfinite(flat)
+    low = torch.where(finite, flat, torch.inf).amin(1).view(-1, 1, 1)
+    high = torch.where(finite, flat, -torch.inf).amax(1).view(-1, 1, 1)
+    scaled = (x - low) / (high - low).clamp(min=1e-12)
+    scaled = torch.where(torch.isfinite(x), scaled.clamp(0, 1), torch.nan)
+    picture = grid(scaled.unsqueeze(1), pad_value=float("nan"))[..., 0]
+    notes = [n for n in (c_note, "each channel scaled to its own range", f"every {step}th pixel" if step > 1 else "")
+             if n]
+    return Panel("features", title, {"grid": picture}, notes, size=(4.8, 4.4))
+
+
+def heatmap_panel(x: torch.Tensor, title: str) -> Panel:
+    """A 2-d float tensor as an image with a colour bar."""
+    shape = tuple(x.shape)
+    x, step = shrink(x, MAX_SIDE)
+    values = x.float().cpu().numpy()
+    notes = [f"every {step}th row and column"] if step > 1 else []
+    return Panel("heatmap", title, {"values": values, "shape": shape}, notes, size=(4.8, 4.0))
+
+
+def unit_images(x: torch.Tensor, view: HandlerView) -> tuple[torch.Tensor, str]:
+    """[N, C, H, W] pixels as floats in [0, 1], de-normalised with the handler's mean and std
+    when it has them, and a note saying how."""
+    if x.dtype == torch.uint8:
+        return x.float() / 255.0, "uint8 pixels"
+    x = x.float()
+    channels = x.shape[1]
+    note = ""
+    if view.mean and view.std and len(view.mean) in (1, channels) and len(view.std) in (1, channels):
+        mean = torch.tensor(view.mean, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(view.std, device=x.device).view(1, -1, 1, 1)
+        x = x * std + mean
+        note = f"de-normalised: mean={_fmt_list(view.mean)} std={_fmt_list(view.std)} ({view.normalize_at})"
+    elif view.mean:
+        note = f"not de-normalised: {view.normalize_at} normalises {len(view.mean)} channels, the image has {channels}"
+    bounds = finite_range(x)
+    x = torch.nan_to_num(x, nan=0.0, posinf=1.0, neginf=0.0)
+    if bounds is None or (bounds[0] >= -0.1 and bounds[1] <= 1.1):  # resizing overshoots a little
+        return x.clamp(0, 1), note or "values in [0, 1]"
+    if bounds[0] >= 0 and bounds[1] <= 255:
+        return (x / 255.0).clamp(0, 1), (note + "; " if note else "") + "0-255 values scaled to [0, 1]"
+    flat = x.flatten(1)
+    low, high = flat.amin(1).view(-1, 1, 1, 1), flat.amax(1).view(-1, 1, 1, 1)
+    why = "after de-normalising" if note.startswith("de-") else "no Normalize found on the handler" if not note else ""
+    why = f" ({why})" if why else ""
+    return ((x - low) / (high - low).clamp(min=1e-12)).clamp(0, 1), (note + "; " if note else "") + (
+        f"each image rescaled to its own range{why}")
+
+
+def grid(images: list[torch.Tensor] | torch.Tensor, pad_value: float = 1.0) -> Any:
+    """Images ([C, H, W] each, same dtype) as one [H, W, C] numpy grid, padded to one size."""
+    from torchvision.utils import make_grid
+
+    if isinstance(images, list):
+        height = max(i.shape[-2] for i in images)
+        width = max(i.shape[-1] for i in images)
+        images = torch.stack([torch.nn.functional.pad(i, (0, width - i.shape[-1], 0, height - i.shape[-2]),
+                                                      value=0) for i in images])
+    pad = pad_value if images.is_floating_point() else int(pad_value * 255)
+    out = make_grid(images, nrow=columns(images.shape[0]), padding=2, pad_value=pad)
+    return out.permute(1, 2, 0).cpu().numpy()
+
+
+def _fmt_list(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.3g}" for v in values) + "]"

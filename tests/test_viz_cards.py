@@ -1,0 +1,26 @@
+"""handlerkit/viz/cards.py: text panels, and a failed stage's card naming the original error and
+its fix."""
+
+from __future__ import annotations
+
+from handlerkit.errors import StageError
+from handlerkit.results import StageResult
+from handlerkit.viz.cards import MAX_LINES, card, error_card
+
+
+def test_a_card_holds_at_most_max_lines_and_grows_with_them():
+    short, full = card("s", ["one"]), card("f", [str(i) for i in range(100)])
+    assert short.kind == "card" and short.data["lines"] == ["one"]
+    assert len(full.data["lines"]) == MAX_LINES and full.data["lines"][-1] == str(MAX_LINES - 1)
+    assert full.size[1] > short.size[1] and full.size[0] == short.size[0]
+
+
+def test_an_error_card_names_the_original_exception_and_keeps_the_fix():
+    error = StageError("inference raised RuntimeError: shapes differ", stage="inference",
+                       original=RuntimeError("shapes differ"), fix="resize the images to 224")
+    panel = error_card(StageResult("inference", error=error))
+    assert panel.title == "inference failed: RuntimeError"
+    assert panel.data["lines"][0] == "inference raised RuntimeError: shapes differ"
+    assert any("resize the images to 224" in line for line in panel.data["lines"])
+    bare = error_card(StageResult("handle", error=StageError("handle failed", stage="handle")))
+    assert bare.title == "handle failed: StageError"
