@@ -19,7 +19,7 @@ and run the stage again.
 
 ``h.run(batch)`` does what TorchServe's worker does: it calls the handler's ``handle`` —
 TorchServe's, an override, or one set on the instance (micro-batching) — and reports a
-result for each stage ``handle`` called (:mod:`handlerkit._recorder` watches them).
+result for each stage ``handle`` called (:mod:`handlerkit.recording` watches them).
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
-from handlerkit import _failures
-from handlerkit._capture import Capture, ListHandler, enable_info_logs
 from handlerkit._reports import Reports
-from handlerkit import _recorder
-from handlerkit._recorder import Recorder
+from handlerkit.recording import failures, spy
+from handlerkit.recording.capture import Capture, ListHandler, enable_info_logs
+from handlerkit.recording.recorder import Recorder
 from handlerkit._stack import user_stacklevel
 from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
@@ -92,12 +91,12 @@ class Harness(Reports):
             if envelope is not None and envelope != handler.envelope_name:
                 raise ValueError("a Service brings its own envelope: open it with envelope=..., not the Harness")
             self.service = handler
-            self._spied = self.handler is not None and _recorder.spy_on(self.handler)
+            self._spied = self.handler is not None and spy.spy_on(self.handler)
         else:
             self._spied = False
             self.service = Service(handler, context, envelope=envelope, build=self._build)
             if self.handler is not None and not self._spied:  # an instance given as it is
-                self._spied = _recorder.spy_on(self.handler)
+                self._spied = spy.spy_on(self.handler)
         self.track_memory = track_memory
         self.capture_logs = capture_logs
         if capture_logs:
@@ -109,7 +108,7 @@ class Harness(Reports):
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self._after_initialize: Any = None  # the config as initialize left it (see _fresh_config)
-        self._handler_files = _failures.handler_files(self.function or self.handler)
+        self._handler_files = failures.handler_files(self.function or self.handler)
 
     @classmethod
     def open(
@@ -137,7 +136,7 @@ class Harness(Reports):
     def _build(self, cls: type) -> Any:
         """``cls()``, built as its spied subclass so that objects made in ``__init__`` that keep
         its stage methods (TorchServe's MicroBatching) call through to the recorder."""
-        spied = _recorder.spied_class(cls)
+        spied = spy.spied_class(cls)
         self._spied = spied is not None
         return (spied or cls)()
 
@@ -278,15 +277,10 @@ class Harness(Reports):
         """``on_batch_data``: the stage got the batch's own data list, so running each request's
         row alone through it can find the one at fault (not so under an envelope or a handle
         that reshapes the data)."""
-        index = getattr(exc, "request_index", None)
-        about_a_request = not isinstance(exc, HandlerkitError)  # handlerkit's own errors say so themselves
-        if index is None and request_count == 1 and about_a_request:
-            index = 0
-        if index is None and stage == "preprocess" and about_a_request and on_batch_data:
-            if self.batch is not None and len(self.batch) > 1:
-                index = _failures.failing_request(self.handler.preprocess, self.batch, self.context, self.imports)
-        return _failures.stage_error(
-            stage, exc, handler=self.name, request_index=index, handler_files=self._handler_files
+        batch = self.batch if request_count is not None else None  # initialize is about no request
+        return failures.batch_error(
+            stage, exc, handler=self.handler, handler_name=self.name, batch=batch, context=self.context,
+            imports=self.imports, handler_files=self._handler_files, on_batch_data=on_batch_data,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:
@@ -400,7 +394,7 @@ class Harness(Reports):
             data, entry, error, output = batch.data, self.entry, None, None
             spied = self._spied
             if spied:
-                _recorder.start(self.handler, recorder)
+                spy.start(self.handler, recorder)
             timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
             t0 = time.perf_counter_ns()
             try:
@@ -409,7 +403,7 @@ class Harness(Reports):
                 error = exc
             finally:
                 if spied:
-                    _recorder.stop(self.handler)
+                    spy.stop(self.handler)
             handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
             lap = recorder.failed(error) if error is not None else None
@@ -460,19 +454,19 @@ class Harness(Reports):
         handler's class swapped for the new definition (``initialize`` is not re-run).
         Results of preprocess and later are dropped.
         """
-        from handlerkit._reload import reexecuted
+        from handlerkit.recording.reload import reexecuted
 
         service = self.service
         service.refresh()
-        target = self.function if self.is_function else _recorder.own_class(self.handler)
+        target = self.function if self.is_function else spy.own_class(self.handler)
         with service.running("reload", max_age=0):  # a model-dir module is in sys.modules only inside
             replacement = reexecuted(target, self.name)
         if self.is_function:
             service.replace(function=replacement)
         else:
             service.replace(handler_class=replacement)
-            self._spied = _recorder.spy_on(self.handler)
-        self._handler_files = _failures.handler_files(self.function or self.handler)
+            self._spied = spy.spy_on(self.handler)
+        self._handler_files = failures.handler_files(self.function or self.handler)
         self._invalidate_from("preprocess")
 
     def __repr__(self) -> str:

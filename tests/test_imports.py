@@ -65,10 +65,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.service": 4,
     # 5. the harness's records
     "handlerkit.results": 5,
-    "handlerkit._capture": 5,
-    "handlerkit._recorder": 5,
-    "handlerkit._failures": 5,
-    "handlerkit._reload": 5,
+    "handlerkit.recording": 5,
     # 6. diagnostics
     "handlerkit.diagnostics": 6,
     # 7. the Harness

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from handlerkit import _failures
+from handlerkit.recording.failures import stage_error
 from handlerkit.errors import HandlerkitError
 from handlerkit.isolation import exec_source
 
@@ -45,7 +45,7 @@ def reexecuted(target: Any, name: str) -> Any:
     try:
         exec_source(fresh, path)
     except Exception as exc:
-        error = _failures.stage_error("reload", exc, handler=name, request_index=None, handler_files=frozenset({path}))
+        error = stage_error("reload", exc, handler=name, request_index=None, handler_files=frozenset({path}))
         error.message = f"reload of {path} failed, the handler keeps its previous code: {error.message}"
         raise error from exc
     replacement = getattr(fresh, target.__name__, None)

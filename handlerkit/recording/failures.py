@@ -9,6 +9,7 @@ there); failing that, the fix points at the line of the handler that raised.
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
 import sysconfig
@@ -17,10 +18,11 @@ from types import TracebackType
 from typing import Any, Callable
 
 from handlerkit.errors import HandlerkitError, RequestError, StageError
+from handlerkit.recording.spy import SPIED, is_spied
 
-__all__ = ["failing_request", "handler_files", "raised_at", "stage_error", "suggest_fix"]
+__all__ = ["batch_error", "failing_request", "handler_files", "raised_at", "stage_error", "stage_of", "suggest_fix"]
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HANDLERS = os.path.join(_PACKAGE, "handlers")
 
 # (substrings of "ExceptionType: message", fix, the stages it applies to or None for all)
@@ -130,13 +132,11 @@ def stage_error(
 def handler_files(handler: Any) -> frozenset[str]:
     """The source files of a handler's methods (every class of its MRO), or of a function
     handler: where its code really ran from, as tracebacks name it."""
-    import inspect
-
     if inspect.isfunction(handler):
         return frozenset({os.path.abspath(handler.__code__.co_filename)})
     files = set()
     for owner in type(handler).__mro__[:-1]:
-        if vars(owner).get("__handlerkit_spied__"):
+        if is_spied(owner):
             continue  # the harness's own subclass: its methods only pass calls on
         for member in vars(owner).values():
             func = getattr(member, "__func__", member)
@@ -165,3 +165,59 @@ def failing_request(preprocess: Callable[[Any], Any], batch: Any, context: Any, 
     finally:
         batch.bind(context)
     return None
+
+
+def stage_of(exc: BaseException, handler: Any) -> str:
+    """The stage an exception raised inside ``handle`` came from, read off its traceback: the
+    innermost frame running one of ``handler``'s stage methods (its class's or a base class's
+    ``preprocess``, ``inference``, ``postprocess``, ``explain_handle``, ``describe_handle``),
+    else ``"handle"``. For a server, which has no recorder watching the stages."""
+    codes: dict[Any, str] = {}
+    for owner in type(handler).__mro__[:-1]:
+        for name, stage in SPIED:
+            member = vars(owner).get(name)
+            func = getattr(member, "__func__", member)
+            try:
+                func = inspect.unwrap(func) if func is not None else None
+            except ValueError:  # a __wrapped__ cycle
+                pass
+            code = getattr(func, "__code__", None)
+            if code is not None:
+                codes.setdefault(code, stage)
+    found = "handle"
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        stage = codes.get(tb.tb_frame.f_code)
+        if stage is not None:
+            found = stage
+        tb = tb.tb_next
+    return found
+
+
+def batch_error(
+    stage: str,
+    exc: BaseException,
+    *,
+    handler: Any,
+    handler_name: str,
+    batch: Any,
+    context: Any,
+    imports: Callable[[], Any],
+    handler_files: frozenset[str] = frozenset(),
+    on_batch_data: bool = False,
+) -> StageError:
+    """The :class:`StageError` for ``exc`` raised in ``stage`` of a batch, with the request at
+    fault when it can be told: the error's own ``request_index``, the only request of a batch of
+    one, or (for preprocess given the batch's own data, ``on_batch_data``) the first request
+    whose preprocess fails alone (:func:`failing_request`). handlerkit's own errors are about
+    the batch unless they say otherwise."""
+    index = getattr(exc, "request_index", None)
+    about_a_request = not isinstance(exc, HandlerkitError)  # handlerkit's own errors say so themselves
+    count = len(batch) if batch is not None else None
+    if index is None and count == 1 and about_a_request:
+        index = 0
+    if index is None and stage == "preprocess" and about_a_request and on_batch_data and count and count > 1:
+        preprocess = getattr(handler, "preprocess", None)
+        if callable(preprocess):
+            index = failing_request(preprocess, batch, context, imports)
+    return stage_error(stage, exc, handler=handler_name, request_index=index, handler_files=handler_files)

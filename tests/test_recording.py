@@ -1,18 +1,21 @@
-"""The spied class and the recorder behind Harness.run: pass-through outside a run, every call
-recorded inside one (several calls, other threads, keywords), static and class methods bound as
-usual, copies and pickles of the handler's own class, reload, and the stage that raised."""
+"""handlerkit.recording: the spied class and the recorder behind Harness.run (pass-through
+outside a run, every call recorded inside one: several calls, other threads, keywords; static and
+class methods bound as usual; copies and pickles of the handler's own class; reload), and failure
+attribution (the stage, the request, the line, the fix)."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import pickle
 import threading
 
 import pytest
 
 import handlerkit as hk
-import copy
-import pickle
-
-from handlerkit import _recorder
+from handlerkit.errors import HandlerkitError, RequestError, StageError
+from handlerkit.recording import failures
+from handlerkit.recording import spy as _recorder
 
 
 class Plain:
@@ -186,3 +189,110 @@ def test_a_stage_error_from_unknown_code_names_the_handler_line(tmp_path):
     assert error.location[0].endswith("broken.py")
     assert "broken.py:4: return [row['image'] for row in data]" in str(error)
     assert h.run([{"image": 7}]).output == [7]  # the harness keeps working
+
+
+# -- failure attribution -----------------------------------------------------------------
+def test_a_stage_error_from_a_foreign_exception_points_at_the_raising_line(tmp_path):
+    source = tmp_path / "my_handler.py"
+    source.write_text("def preprocess(data):\n    return data[0]['image']\n")
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    try:
+        namespace["preprocess"]([{"body": b""}])
+    except KeyError as exc:
+        error = failures.stage_error("preprocess", exc, handler="MyHandler", request_index=0, handler_files={str(source)})
+    assert error.location == (str(source), 2, "return data[0]['image']")
+    assert f"at {source}:2: return data[0]['image']" in error.message
+    assert error.stage == "preprocess" and error.request_index == 0 and isinstance(error.original, KeyError)
+    assert error.fix.startswith("a request lacks the field")  # KeyError in preprocess: the usual cause
+
+
+def test_a_stage_error_without_a_known_cause_names_the_line_in_its_fix(tmp_path):
+    source = tmp_path / "h.py"
+    source.write_text("def inference(x):\n    raise RuntimeError('the frobnicator broke')\n")
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    try:
+        namespace["inference"](1)
+    except RuntimeError as exc:
+        error = failures.stage_error("inference", exc, handler="H", request_index=None, handler_files=set())
+    assert "for the batch: RuntimeError: the frobnicator broke" in error.message
+    assert error.fix == "RuntimeError was raised at h.py line 2; correct it there, then h.reload() and run inference again"
+
+
+def test_handlerkit_errors_keep_their_own_fix_in_a_stage_error():
+    try:
+        raise RequestError("request 1: empty body", 1, fix="send the image as the body")
+    except RequestError as exc:
+        error = failures.stage_error("preprocess", exc, handler="H", request_index=1)
+    assert error.fix == "send the image as the body"
+    assert "preprocess failed in H for request 1: RequestError: request 1: empty body" in error.message
+
+
+def test_a_handlerkit_error_in_a_stage_states_its_fix_once():
+    own = HandlerkitError("the model dir does not exist", fix="point the context at the model dir")
+    error = failures.stage_error("initialize", own, handler="H", request_index=None)
+    assert str(error).count("point the context at the model dir") == 1
+    assert error.fix == "point the context at the model dir"
+
+
+def test_the_stage_is_read_off_the_traceback_for_a_server():
+    class Handler(Plain):
+        def inference(self, x):
+            return [1 / 0 for _ in x]
+
+    handler = Handler()
+    try:
+        handler.handle([{"body": 1}], None)
+    except ZeroDivisionError as exc:
+        assert failures.stage_of(exc, handler) == "inference"
+    try:
+        handler.handle(None, None)  # fails in preprocess, which the base class defines
+    except TypeError as exc:
+        assert failures.stage_of(exc, handler) == "preprocess"
+
+    class Own(Plain):
+        def handle(self, data, context):
+            raise RuntimeError("outside the stages")
+
+    try:
+        Own().handle([], None)
+    except RuntimeError as exc:
+        assert failures.stage_of(exc, Own()) == "handle"
+    spied = hk.Harness(Handler).handler
+    try:
+        spied.handle([{"body": 1}], None)
+    except ZeroDivisionError as exc:
+        assert failures.stage_of(exc, spied) == "inference"
+
+
+def test_a_batch_error_names_the_request_that_fails_alone():
+    class Picky(Plain):
+        def preprocess(self, data):
+            return [row["body"]["x"] for row in data]
+
+    handler = Picky()
+    batch = hk.batch(hk.Request.json({"x": 1}), hk.Request.json({"y": 2}), hk.Request.json({"x": 3}))
+    ctx = hk.MockContext()
+    batch.bind(ctx)
+    try:
+        handler.preprocess(batch.data)
+    except KeyError as exc:
+        caught = exc
+    imports = lambda: contextlib.nullcontext()  # noqa: E731 - the model dir's imports, none here
+    error = failures.batch_error("preprocess", caught, handler=handler, handler_name="Picky", batch=batch,
+                                 context=ctx, imports=imports, on_batch_data=True)
+    assert isinstance(error, StageError) and error.request_index == 1
+    assert ctx.request_ids == batch.request_ids  # bound back to the whole batch
+    alone = failures.batch_error("inference", caught, handler=handler, handler_name="Picky", batch=batch[:1],
+                                 context=ctx, imports=imports)
+    assert alone.request_index == 0  # the only request
+    unknown = failures.batch_error("inference", caught, handler=handler, handler_name="Picky", batch=batch,
+                                   context=ctx, imports=imports)
+    assert unknown.request_index is None and "for the batch" in unknown.message
+    own = failures.batch_error("preprocess", HandlerkitError("bad config"), handler=handler, handler_name="Picky",
+                               batch=batch[:1], context=ctx, imports=imports, on_batch_data=True)
+    assert own.request_index is None  # handlerkit's own errors say what they are about
+    told = failures.batch_error("preprocess", RequestError("not JSON", 2), handler=handler, handler_name="Picky",
+                                batch=batch, context=ctx, imports=imports, on_batch_data=True)
+    assert told.request_index == 2
