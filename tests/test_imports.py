@@ -75,7 +75,6 @@ LAYERS: dict[str, int] = {
     "handlerkit.cli": 8,
     "handlerkit.viz": 8,
     "handlerkit.widgets": 8,
-    "handlerkit._widgets_panes": 8,
     "handlerkit.pytest_plugin": 8,
     "handlerkit.testing": 8,
     "handlerkit.serving": 8,

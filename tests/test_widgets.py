@@ -19,7 +19,7 @@ import pytest
 import handlerkit as hk
 from _strict import Strict
 from handlerkit._render import Rendered, Table
-from handlerkit._widgets_panes import output_text, timing_html
+from handlerkit.widgets.panes import output_text, timing_html
 from handlerkit.handlers.image_classifier import ImageClassifier
 from handlerkit.widgets import Stepper
 

@@ -23,7 +23,7 @@ import mimetypes
 import warnings
 from typing import Any
 
-from handlerkit import _widgets_panes as panes
+from handlerkit.widgets import panes
 from handlerkit._optional import require
 from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
