@@ -94,8 +94,7 @@ def stage_ms(run: Any, stage: str) -> float:
     """A run's time in ``stage`` (device time on an accelerator); ``handle``: the whole call."""
     if stage == "handle":
         return float(run.total_ms)
-    result = run.stages[stage]
-    return result.device_ms if result.device_ms is not None else result.wall_ms
+    return run.stages[stage].device_or_wall_ms
 
 
 def first_call_facts(

@@ -368,7 +368,7 @@ def _timer(view: HarnessView, handler: Any, batch: Any, run: Any, stage: str) ->
         def call() -> float:
             with Timer(device) as timer:
                 handler.inference(data)
-            return timer.device_ms if timer.device_ms is not None else timer.wall_ms
+            return timer.device_or_wall_ms
 
         return call
     return lambda: stage_ms(view.run(batch), stage)

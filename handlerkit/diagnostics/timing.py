@@ -341,11 +341,7 @@ class SweepReport(Rendered):
 
 def _stage_ms(run: Any) -> dict[str, float]:
     """``{stage: ms}`` of one run: device time where a stage ran on an accelerator."""
-    return {
-        name: (r.device_ms if r.device_ms is not None else r.wall_ms)
-        for name, r in run.stages.items()
-        if name != "initialize"
-    }
+    return {name: r.device_or_wall_ms for name, r in run.stages.items() if name != "initialize"}
 
 
 def time_stages(
