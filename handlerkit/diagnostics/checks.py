@@ -30,6 +30,7 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit.contract import Problem, check_output, check_statuses, response_statuses
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import StageError
 
 __all__ = ["CheckReport", "run_checks", "same_output"]  # same_output: handlerkit._compare's, kept importable here
@@ -144,6 +145,11 @@ def _first_line(error: StageError) -> str:
     return error.message.splitlines()[0]
 
 
+def _runs_problem(error: StageError) -> Problem:
+    """The batch cannot run (or the handler cannot initialize): nothing else can be checked."""
+    return Problem("runs", _first_line(error), error.fix or "", error.stage, error.request_index)
+
+
 def run_checks(
     harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float = 1e-4, progress: bool | None = None
 ) -> CheckReport:
@@ -158,12 +164,17 @@ def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, show
     from handlerkit.batches import Batch
 
     report = CheckReport(handler=harness.name, batch_size=len(batch))
-    with harness.preserved(), _rng_states(), warnings.catch_warnings():
+    try:
+        ensure_initialized(harness)
+    except StageError as error:
+        report.problems.append(_runs_problem(error))
+        return report
+    with diagnostic_runs(harness), _rng_states(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         full, error = _run_output(harness, batch)
         shown.update()
         if error is not None:
-            report.problems.append(Problem("runs", _first_line(error), error.fix or "", error.stage, error.request_index))
+            report.problems.append(_runs_problem(error))
             return report
         report.problems.extend(check_output(full, len(batch), stage="handle"))
         report.statuses = response_statuses(harness.context, len(batch))

@@ -45,6 +45,7 @@ from handlerkit.diagnostics._dynamo_events import (
     recompiles,
 )
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 
@@ -257,15 +258,13 @@ def compile_report(
         )
     report = CompileReport(handler=view.name, batch_size=len(batch))
     first = DynamoEvents()
-    with first:  # outside preserved(): an initialize the report runs stays done
-        if "initialize" not in view.results or not view.results["initialize"].ok:
-            view.initialize()  # a handler may warm up (and so compile) in initialize
+    with first:
+        ensure_initialized(view)  # a handler may warm up (and so compile) in initialize
     compiled_at_start = eager_model(_model(view, handler)) is not None
     read_settings(report, view, handler)
     counters = CountersKept()
-    track_memory, view.track_memory = view.track_memory, False  # time the model, not the tracker
     try:
-        with view.preserved(), Bar(3 + len(sizes), "compile report: first call", progress) as bar:
+        with diagnostic_runs(view), Bar(3 + len(sizes), "compile report: first call", progress) as bar:
             with first:
                 run = _first_call(view, handler, batch, report)
             counters.keep()  # the first call's compile counts, as it would without the report
@@ -285,7 +284,6 @@ def compile_report(
                     report.problems.extend(gate_problems(report.gate))
                     _gate_notes(report, stance)
     finally:
-        view.track_memory = track_memory
         counters.restore()
     if report.graph_breaks:
         report.notes.append(
