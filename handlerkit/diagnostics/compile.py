@@ -43,6 +43,7 @@ from handlerkit.diagnostics._dynamo_events import (
     Recompile,
     graph_breaks,
     recompiles,
+    where,
 )
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
@@ -200,7 +201,7 @@ class CompileReport(Rendered):
                   f"steady state ({self.timed_stage}, batch {self.batch_size})"),
             Table(
                 ("compile id", "function", "defined at", "graph ops", "compile s"),
-                [[f.compile_id, f.function, _where(f.file, f.line), f.graph_ops, f.compile_s] for f in self.frames],
+                [[f.compile_id, f.function, where(f.file, f.line), f.graph_ops, f.compile_s] for f in self.frames],
                 "compiled frames",
             ),
             Table(
@@ -218,10 +219,6 @@ class CompileReport(Rendered):
 
     def _notes(self) -> list[str]:
         return list(self.notes)
-
-
-def _where(file: str | None, line: int | None) -> str:
-    return "" if file is None else f"{file}:{line}" if line is not None else file
 
 
 # ---------------------------------------------------------------------------- running
