@@ -1,9 +1,10 @@
 """``Harness.check``: the contract on a real batch, batch parity, and other encodings of each request.
 
-The batch runs through ``handle``; its output is checked against the worker's rules
-(:mod:`handlerkit.contract`); each request then runs alone and must give what it gave in the
-batch (batch parity); and each request is re-sent the other ways TorchServe clients send the
-same payload (another field name, ``bytes``, base64, raw JSON bytes).
+The batch runs through ``handle``; its output and statuses are checked against the worker's
+rules (:mod:`handlerkit.contract`); each request then runs alone and must give what it gave in
+the batch (batch parity, by :mod:`handlerkit._compare`'s rule, the one golden files use too);
+and each request is re-sent the other ways TorchServe clients send the same payload (another
+field name, ``bytes``, base64, raw JSON bytes).
 
 Parity is only judged where it can be: every run starts from the same RNG seed (and the RNG
 states are put back after), and the batch is run twice more first — with the same seed, to see
