@@ -7,18 +7,21 @@ batch response mismatched" when the list's length differs from the batch, and 50
 JSON-serialisable (``torch.Tensor`` items are sent as ``torch.save`` bytes). NaN is written
 as ``NaN``, which strict JSON clients reject. :func:`check_output` says so, per request, as
 :class:`Problem` data with its fix, before TorchServe turns the mistake into "worker died".
+Each request's status (``context.set_response_status``) goes out as its HTTP status line, so
+it must be an HTTP code: :func:`check_statuses`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from handlerkit._describe import describe
 
-__all__ = ["STAGES", "HANDLER_STAGES", "Problem", "check_output", "skipped_stages"]
+__all__ = ["STAGES", "HANDLER_STAGES", "Problem", "check_output", "check_statuses", "response_statuses", "skipped_stages"]
 
 #: The stage methods of TorchServe's BaseHandler that ``handle`` runs, in order.
 HANDLER_STAGES = ("preprocess", "inference", "postprocess")
@@ -161,6 +164,23 @@ def _check_item(item: Any, index: int, stage: str) -> list[Problem]:
             )
         ]
     return []
+
+
+def response_statuses(context: Any, count: int) -> list[tuple[Any, Any]]:
+    """Each request's ``(code, phrase)`` as the handler left them (``context.get_response_status``)."""
+    return [context.get_response_status(index) for index in range(count)]
+
+
+def check_statuses(statuses: Sequence[tuple[Any, Any]], stage: str = "handle") -> list[Problem]:
+    """A problem for each request whose status code is not an HTTP status code (an int in 100..599)."""
+    problems = []
+    for index, (code, _phrase) in enumerate(statuses):
+        if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+            problems.append(
+                Problem("status", f"response status {code!r} is not an HTTP status code",
+                        "use context.set_response_status(code, phrase, idx) with 100..599", stage, index)
+            )
+    return problems
 
 
 def skipped_stages(handler: Any) -> list[Problem]:

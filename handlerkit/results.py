@@ -73,6 +73,11 @@ class StageResult(Rendered):
         return self.error is None
 
     @property
+    def device_or_wall_ms(self) -> float:
+        """The stage's time as the reports compare it: ``device_ms`` on an accelerator, else ``wall_ms``."""
+        return self.device_ms if self.device_ms is not None else self.wall_ms
+
+    @property
     def tensors(self) -> list[TensorInfo]:
         """Devices, dtypes and shapes of the output's tensors (found on first access)."""
         if self._tensors is None:

@@ -26,14 +26,14 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from handlerkit._compare import Difference, differences, shown
 from handlerkit._describe import describe
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
-from handlerkit.contract import Problem
+from handlerkit.contract import Problem, check_statuses, response_statuses
 from handlerkit.errors import HandlerkitWarning, StageError
 
 __all__ = ["RequestFiles", "assert_batch_parity", "assert_contract", "assert_matches_golden", "label_request"]
@@ -96,16 +96,6 @@ def _failure(title: str, body: list[str]) -> AssertionError:
     return AssertionError("\n".join([title, *body]))
 
 
-def _status_problems(context: Any, count: int) -> list[Problem]:
-    problems = []
-    for index in range(count):
-        code = context.get_response_status(index)[0]
-        if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
-            problems.append(Problem("status", f"response status {code!r} is not an HTTP status code",
-                                    "use context.set_response_status(code, phrase, idx) with 100..599", "handle", index))
-    return problems
-
-
 def assert_contract(h: Any, batch: Any, *, strict: bool = False) -> Any:
     """Run ``batch`` through ``h`` once, as TorchServe's worker would, and fail on what it refuses.
 
@@ -128,7 +118,7 @@ def assert_contract(h: Any, batch: Any, *, strict: bool = False) -> Any:
             run = h.run(batch)
         except StageError as error:
             raise _failure(f"{h.name} failed on a batch of {len(batch)} request(s):", _stage_failure(error, batch)) from None
-    problems = list(run.problems) + _status_problems(h.context, len(batch))
+    problems = list(run.problems) + check_statuses(response_statuses(h.context, len(batch)))
     failing = [p for p in problems if strict or p.severity == "error"]
     if failing:
         body = [line for i, p in enumerate(failing, 1) for line in _problem_lines(i, p, batch)]
@@ -183,38 +173,17 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=default, allow_nan=False))
 
 
-def _where(path: str) -> str:
-    return f"output{path}" if path else "the output"
-
-
-def _differences(golden: Any, actual: Any, atol: float, rtol: float, path: str = "") -> Iterator[str]:
-    """Each place where ``actual`` differs from ``golden``: numbers within tolerance are equal."""
-    numbers = (int, float)
-    if isinstance(golden, numbers) and isinstance(actual, numbers) and not isinstance(golden, bool) and not isinstance(actual, bool):
-        if abs(actual - golden) > atol + rtol * abs(golden):
-            yield f"{_where(path)}: golden {golden!r}, got {actual!r} (off by {abs(actual - golden):.3g})"
-    elif isinstance(golden, dict) and isinstance(actual, dict):
-        missing = [k for k in golden if k not in actual]
-        extra = [k for k in actual if k not in golden]
-        if missing:
-            yield f"{_where(path)}: missing key(s) {missing}"
-        if extra:
-            yield f"{_where(path)}: new key(s) {extra}"
-        for key in golden:
-            if key in actual:
-                yield from _differences(golden[key], actual[key], atol, rtol, f"{path}[{key!r}]")
-    elif isinstance(golden, list) and isinstance(actual, list):
-        if len(golden) != len(actual):
-            yield f"{_where(path)}: golden has {len(golden)} item(s), got {len(actual)}"
-        for i, (g, a) in enumerate(zip(golden, actual)):
-            yield from _differences(g, a, atol, rtol, f"{path}[{i}]")
-    elif golden != actual or type(golden) is not type(actual):
-        yield f"{_where(path)}: golden {_short(golden)}, got {_short(actual)}"
-
-
-def _short(value: Any, n: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= n else text[: n - 3] + "..."
+def _golden_message(difference: Difference) -> str:
+    """One line of a golden-file failure: where the output differs from the golden file, and how."""
+    d = difference
+    where = f"output{d.path}" if d.path else "the output"
+    if d.kind == "number":
+        return f"{where}: golden {d.expected!r}, got {d.actual!r} (off by {abs(d.actual - d.expected):.3g})"
+    if d.kind in ("missing keys", "new keys"):
+        return f"{where}: {d.kind.replace('keys', 'key(s)')} {list(d.keys)}"
+    if d.kind == "length":
+        return f"{where}: golden has {len(d.expected)} item(s), got {len(d.actual)}"
+    return f"{where}: golden {shown(d.expected)}, got {shown(d.actual)}"
 
 
 def _write_golden(path: Path, value: Any) -> None:
@@ -254,8 +223,8 @@ def assert_matches_golden(
     except ValueError as exc:
         raise _failure(f"the golden file {path} is not JSON ({exc}):", ["  fix: regenerate it with pytest --hk-regen"]) from None
     found = []
-    for difference in _differences(golden, actual, atol, rtol):
-        found.append(difference)
+    for difference in differences(golden, actual, atol, rtol):
+        found.append(_golden_message(difference))
         if len(found) > _MAX_DIFFERENCES:
             break
     if found:

@@ -62,6 +62,7 @@ class Timer:
         kind: its type: ``"cpu"``, ``"cuda"``, ``"xpu"``, ``"mps"``…
         wall_ms: host wall time of the block, in milliseconds (None until it has run).
         device_ms: device time in milliseconds; None on CPU.
+        device_or_wall_ms: ``device_ms`` when there is one, else ``wall_ms``.
         synchronized: whether the device was synchronised around the block.
     """
 
@@ -114,6 +115,12 @@ class Timer:
         self._events = None
         self.synchronized = True
         return self.wall_ms
+
+    @property
+    def device_or_wall_ms(self) -> float | None:
+        """The block's time as handlerkit reports it: ``device_ms`` where the device was timed,
+        else ``wall_ms`` (CPU, or a block that raised)."""
+        return self.device_ms if self.device_ms is not None else self.wall_ms
 
     def __enter__(self) -> Timer:
         return self.start()

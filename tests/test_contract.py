@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
+import handlerkit as hk
+from handlerkit.contract import (
+    HANDLER_STAGES,
+    STAGES,
+    Problem,
+    check_output,
+    check_statuses,
+    response_statuses,
+    skipped_stages,
+)
 
 
 def test_the_stages_are_defined_once():
@@ -54,3 +63,25 @@ def test_skipped_stages_only_for_handlers_that_have_stage_methods():
     (problem,) = skipped_stages(WithStages())
     assert isinstance(problem, Problem) and problem.check == "skipped-stages" and problem.severity == "warning"
     assert problem.message.startswith("WithStages.handle() never called preprocess")
+
+
+@pytest.mark.parametrize("code, ok", [(200, True), (100, True), (599, True), (99, False), (600, False),
+                                      ("200", False), (True, False), (None, False), (404.0, False)])
+def test_a_status_must_be_an_http_code(code, ok):
+    problems = check_statuses([(200, None), (code, "phrase")])
+    if ok:
+        assert problems == []
+    else:
+        [problem] = problems
+        assert (problem.check, problem.stage, problem.request_index) == ("status", "handle", 1)
+        assert problem.message == f"response status {code!r} is not an HTTP status code"
+        assert problem.fix == "use context.set_response_status(code, phrase, idx) with 100..599"
+
+
+def test_response_statuses_read_what_the_handler_set():
+    ctx = hk.MockContext()
+    hk.batch(hk.Request.text("a"), hk.Request.text("b")).bind(ctx)
+    ctx.set_response_status(413, "Payload Too Large", 1)
+    statuses = response_statuses(ctx, 2)
+    assert statuses == [(200, None), (413, "Payload Too Large")]
+    assert check_statuses(statuses, stage="postprocess") == []

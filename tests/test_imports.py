@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "handlerkit._validate": 1,
     "handlerkit._progress": 1,
     "handlerkit._summary": 1,
+    "handlerkit._compare": 1,
     # 2. the TorchServe model
     "handlerkit.devices": 2,
     "handlerkit.timer": 2,

@@ -1,5 +1,6 @@
-"""handlerkit's TextClassifier: normalisation, n-grams, the vocabulary file, batching, per-request
-errors, explanations, the fixture model, and TorchServe's own text handler on the same weights."""
+"""handlerkit's TextClassifier: the fixture model, batching, per-request errors, explanations, the
+vocabulary file in a model dir, and TorchServe's own text classifier on the same weights (the text
+steps and the Vocabulary themselves are test_text.py's)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,8 @@ import torch
 import handlerkit as hk
 from fixtures.builder import text as text_fixture
 from fixtures.builder.spec import FIXTURES_README
-from handlerkit.errors import ConfigError, HandlerkitWarning, ModelLoadError
-from handlerkit.handlers._text_explain import _TokenwiseBag
-from handlerkit.handlers.text import (
-    TextHandler,
-    Vocabulary,
-    basic_english_tokenize,
-    expand_contractions,
-    ngrams,
-    normalise,
-    remove_accents,
-    remove_html_tags,
-    remove_punctuation,
-)
+from handlerkit.errors import ConfigError, HandlerkitWarning
+from handlerkit.handlers.text import TextHandler, Vocabulary, ngrams
 from handlerkit.handlers.text_classifier import TextClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,114 +41,6 @@ def top(probs: dict) -> str:
 @pytest.fixture(scope="module")
 def h() -> hk.Harness:
     return harness()
-
-
-# ---------------------------------------------------------------------------- normalisation
-def test_html_tags_and_entities_become_spaces():
-    assert remove_html_tags("a <b>bold</b> move") == "a  bold  move"
-    assert remove_html_tags("one<br />two") == "one two"  # TorchServe: "onetwo"
-    assert remove_html_tags("fish &amp; chips &#39;n&#x27; peas") == "fish   chips  n  peas"
-    assert remove_html_tags("x < y\nand z > w") == "x < y\nand z > w"  # a tag stays on one line
-    assert remove_html_tags("&AMP; stays") == "&AMP; stays"  # entities are lower case, as TorchServe's pattern
-
-
-def test_contractions_expand_as_whole_words_longest_first():
-    assert expand_contractions("I don't know, it's late") == "I do not know, it is late"
-    assert expand_contractions("Don't") == "Do not"  # the first letter keeps its case
-    assert expand_contractions("you can't've known") == "you cannot have known"
-    assert expand_contractions("he'll've gone") == "he will have gone"
-    assert expand_contractions("the visit's end") == "the visits end"  # not "vis it is"
-    assert expand_contractions("'cause y'all'd've come") == "because you all would have come"
-    assert expand_contractions("rock 'n' roll") == "rock n roll"  # every apostrophe goes
-
-
-def test_accents_come_off_and_other_scripts_go():
-    assert remove_accents("café crème brûlée naïve Ångström") == "cafe creme brulee naive Angstrom"
-    assert remove_accents("straße ½ 東京") == "strae 12 "  # NFKD, then ASCII only
-
-
-def test_punctuation_is_deleted_not_spaced():
-    assert remove_punctuation("state-of-the-art, (really) #1!") == "stateoftheart really 1"
-
-
-def test_basic_english_tokenizer():
-    assert basic_english_tokenize('You can now install TorchText using pip!') == [
-        "you", "can", "now", "install", "torchtext", "using", "pip", "!"]
-    assert basic_english_tokenize('He said "yes." (Twice); ok:fine<br />end') == [
-        "he", "said", "yes", ".", "(", "twice", ")", "ok", "fine", "end"]
-    assert basic_english_tokenize("it's") == ["it", "'", "s"]
-
-
-def test_the_steps_in_torchserves_order():
-    text = "<p>The CAFÉ'S chef <i>didn't</i> cook!</p>"
-    assert normalise(text) == " the cafes chef  did not  cook "
-    assert basic_english_tokenize(normalise(text)) == ["the", "cafes", "chef", "did", "not", "cook"]
-
-
-def test_ngrams_in_torchtexts_order():
-    assert ngrams(["here", "we", "are"], 1) == ["here", "we", "are"]
-    assert ngrams(["here", "we", "are"], 2) == ["here", "we", "are", "here we", "we are"]
-    assert ngrams(["a", "b", "c"], 3) == ["a", "b", "c", "a b", "b c", "a b c"]
-    assert ngrams(["solo"], 3) == ["solo"]
-
-
-# ---------------------------------------------------------------------------- TorchServe's functions
-ORDINARY = [
-    "The striker scored twice; the crowd went wild!",
-    "I'm sure they'll win, aren't you? We've seen it before.",
-    "Don't overcrowd the pan: the mushrooms won't brown.",
-    "Heavy rain (and hail) is expected tonight... stay in.",
-    'The <b>café</b> serves crème brûlée & "fresh" bread.',
-    "Restart the router &amp; check the wifi settings.",
-    "IT'S RAINING, SHE'S SAID, AND WE'RE LEAVING.",
-    "Naïve coöperation at the façade, 3 o'clock.",
-    "",
-]
-
-
-@pytest.mark.torchserve
-@pytest.mark.parametrize("text", ORDINARY)
-def test_each_step_matches_torchserves_on_ordinary_text(text):
-    from ts.handler_utils.text_utils import get_tokenizer, ngrams_iterator
-    from ts.torch_handler.text_handler import TextHandler as TsTextHandler
-
-    ts = TsTextHandler()  # imports without torchtext: TorchServe 0.12 carries its own copies
-    assert remove_html_tags(text).split() == ts._remove_html_tags(text).split()
-    lowered = text.lower()
-    assert expand_contractions(lowered) == ts._expand_contractions(lowered)
-    assert expand_contractions(text) == ts._expand_contractions(text)
-    assert remove_accents(text) == ts._remove_accented_characters(text)
-    assert remove_punctuation(text) == ts._remove_punctuation(text)
-    assert basic_english_tokenize(text) == get_tokenizer("basic_english")(text)
-    tokens = basic_english_tokenize(normalise(text))
-    for n in (1, 2, 3):
-        assert ngrams(tokens, n) == list(ngrams_iterator(tokens, n))
-
-
-@pytest.mark.torchserve
-def test_torchserves_preprocess_gives_the_same_tokens_except_where_documented():
-    from ts.torch_handler.text_classifier import TextClassifier as TsTextClassifier
-
-    ts = TsTextClassifier()
-    ts.device, ts.source_vocab = torch.device("cpu"), collections.defaultdict(int)
-
-    def theirs(text: str) -> list[str]:
-        return ts.preprocess([{"body": text}])[1]
-
-    def ours(text: str) -> list[str]:
-        return basic_english_tokenize(normalise(text))
-
-    for text in ORDINARY[:-1] + [item["text"] for item in HELD_OUT]:
-        assert ours(text) == theirs(text), text
-    # The documented differences (handlerkit/handlers/text.py): tags glue words in TorchServe's,
-    # contractions match inside words and stop early, and one expansion has a typo.
-    assert theirs("great film.<br /><br />The plot") == ["great", "filmthe", "plot"]
-    assert ours("great film.<br /><br />The plot") == ["great", "film", "the", "plot"]
-    assert theirs("the visit's end") == ["the", "visit", "is", "end"]
-    assert ours("the visit's end") == ["the", "visits", "end"]
-    assert theirs("can't've") == ["cannotve"] and ours("can't've") == ["cannot", "have"]
-    assert theirs("he'll've") == ["he", "willve"] and ours("he'll've") == ["he", "will", "have"]
-    assert theirs("'cause") == ["ecause"] and ours("'cause") == ["because"]
 
 
 @pytest.fixture(scope="module")
@@ -374,14 +256,6 @@ def test_explanations_for_every_request(h):
     assert [r.code for r in h.context.responses()] == [200, 400, 200, 400]
 
 
-@pytest.mark.parametrize("mode", ["mean", "sum", "max"])
-def test_the_per_token_stand_in_computes_what_the_bag_computes(mode):
-    torch.manual_seed(0)
-    bag = torch.nn.EmbeddingBag(20, 4, mode=mode, padding_idx=0)
-    text = torch.tensor([[3, 0, 7, 7, 12], [1, 2, 3, 4, 0]])
-    assert torch.allclose(_TokenwiseBag(bag)(text), bag(text), atol=1e-6)
-
-
 def test_explanations_without_captum_name_the_install(h, monkeypatch):
     monkeypatch.setitem(sys.modules, "captum", None)
     monkeypatch.setitem(sys.modules, "captum.attr", None)
@@ -390,25 +264,6 @@ def test_explanations_without_captum_name_the_install(h, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- the vocabulary file
-def test_vocabulary_file_round_trip(tmp_path):
-    vocab = Vocabulary(["<unk>", "rain", "heavy rain"])
-    (tmp_path / "v.txt").write_text(vocab.to_text())
-    again = Vocabulary.from_file(str(tmp_path / "v.txt"))
-    assert again.itos == vocab.itos and again.max_words == 2
-    assert again.lookup(["heavy rain", "rain", "snow"]) == [2, 1, 0] and again["snow"] == 0
-
-
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [("", "no entries"), ("<unk>\nrain\nrain\n", "line 3: 'rain' repeats line 2"),
-     ("<unk>\n\nrain\n", "line 2: '' is blank"), ("<unk>\nheavy  rain\n", "extra spaces")],
-)
-def test_malformed_vocabulary_files(tmp_path, content, message):
-    (tmp_path / "v.txt").write_text(content)
-    with pytest.raises(ModelLoadError, match=message):
-        Vocabulary.from_file(str(tmp_path / "v.txt"))
-
-
 @pytest.fixture
 def model_copy(tmp_path) -> Path:
     target = tmp_path / "text_classifier"

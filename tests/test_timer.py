@@ -108,6 +108,27 @@ def test_timer_synchronizes_cuda_before_and_after(fake_cuda: list[str]) -> None:
     assert t.wall_ms is not None and t.wall_ms >= 0
 
 
+def test_device_time_else_wall_time(fake_cuda: list[str]) -> None:
+    """The one rule the reports and ``ts_handler_<stage>`` metrics share: device time where the
+    device was timed, else wall time."""
+    from handlerkit.results import StageResult
+
+    assert Timer().device_or_wall_ms is None  # not run yet
+    with Timer("cuda:0") as on_device:
+        pass
+    assert on_device.device_or_wall_ms == 7.5 != on_device.wall_ms
+    with Timer() as on_cpu:
+        pass
+    assert on_cpu.device_or_wall_ms == on_cpu.wall_ms is not None
+    failed = Timer("cuda")
+    with pytest.raises(RuntimeError):
+        with failed:
+            raise RuntimeError("kernel failed")
+    assert failed.device_or_wall_ms == failed.wall_ms is not None  # no device time for a failed block
+    assert StageResult("inference", wall_ms=9.0, device_ms=7.5).device_or_wall_ms == 7.5
+    assert StageResult("inference", wall_ms=9.0).device_or_wall_ms == 9.0
+
+
 def test_timer_skips_closing_sync_when_the_block_raises(fake_cuda: list[str]) -> None:
     t = Timer("cuda")
     with pytest.raises(RuntimeError, match="kernel failed"):

@@ -2,4 +2,5 @@
 (:class:`~handlerkit.diagnostics._view.HarnessView`): ``device`` (where a handler runs and
 why), ``timing`` (repeated timing and sweeps), ``checks`` (contract, batch parity, request
 encodings), ``compile`` (what ``torch.compile`` did, graph breaks, recompiles, the
-batch-size gate) and ``profile`` (``torch.profiler``, top operators per stage)."""
+batch-size gate) and ``profile`` (``torch.profiler``, top operators per stage). Those that run
+batches of their own do so inside :func:`handlerkit.diagnostics.runs.diagnostic_runs`."""

@@ -12,6 +12,7 @@ import sys
 import warnings
 from typing import Any
 
+from handlerkit._describe import iter_tensors
 from handlerkit._text import suggestion
 from handlerkit.contract import Problem
 from handlerkit.diagnostics._compile_gate import eager_model
@@ -94,8 +95,7 @@ def stage_ms(run: Any, stage: str) -> float:
     """A run's time in ``stage`` (device time on an accelerator); ``handle``: the whole call."""
     if stage == "handle":
         return float(run.total_ms)
-    result = run.stages[stage]
-    return result.device_ms if result.device_ms is not None else result.wall_ms
+    return run.stages[stage].device_or_wall_ms
 
 
 def first_call_facts(
@@ -200,19 +200,10 @@ def _dynamic_inputs(settings: dict[str, Any], run: Any, symbols: list[str]) -> l
     elif dynamic is False:
         found.append("none (pt2 dynamic: false: each new shape compiles again)")
     stage = run.stages.get("inference")
-    for i, tensor in enumerate(_tensors(stage.input if stage is not None else None)):
+    for i, (_, tensor) in enumerate(iter_tensors(stage.input if stage is not None else None)):
         for attribute, how in _MARKS:
             for dim in sorted(getattr(tensor, attribute, None) or ()):
                 found.append(f"inference input {i}: dim {dim} ({how} in preprocess)")
     found += [f"{d} (made dynamic by Dynamo)" for d in dynamic_dims(symbols)]
     return found
 
-
-def _tensors(value: Any) -> list[Any]:
-    if hasattr(value, "shape") and hasattr(value, "dim"):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []

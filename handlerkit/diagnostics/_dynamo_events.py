@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = [
     "CompiledFrame", "GraphBreak", "Recompile", "DynamoEvents", "CountersKept", "graph_breaks", "dynamic_dims",
-    "recompiles", "user_frame",
+    "recompiles", "user_frame", "where",
 ]
 
 _METRIC_KEYS = (
@@ -42,6 +42,13 @@ _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
 _DOC_URL = re.compile(r"https?://\S+?/gb(\d{4})\.html")
 _PAYLOAD_AT = re.compile(r"^Graph break in user code at (.+):(\d+)\s*$", re.MULTILINE)
 _SIZE_SOURCE = re.compile(r"^L\['([^']+)'\]\.size\(\)\[(\d+)\]$")
+
+
+def where(file: str | None, line: int | None) -> str:
+    """``file:line`` (``file`` without a line; ``""`` without a file), as reports show a place."""
+    if file is None:
+        return ""
+    return f"{file}:{line}" if line is not None else file
 
 
 @dataclass(frozen=True)
@@ -107,9 +114,7 @@ class GraphBreak:
 
     @property
     def where(self) -> str:
-        if self.file is None:
-            return ""
-        return f"{self.file}:{self.line}" if self.line is not None else self.file
+        return where(self.file, self.line)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """``Harness.check``: the contract on a real batch, batch parity, and other encodings of each request.
 
-The batch runs through ``handle``; its output is checked against the worker's rules
-(:mod:`handlerkit.contract`); each request then runs alone and must give what it gave in the
-batch (batch parity); and each request is re-sent the other ways TorchServe clients send the
-same payload (another field name, ``bytes``, base64, raw JSON bytes).
+The batch runs through ``handle``; its output and statuses are checked against the worker's
+rules (:mod:`handlerkit.contract`); each request then runs alone and must give what it gave in
+the batch (batch parity, by :mod:`handlerkit._compare`'s rule, the one golden files use too);
+and each request is re-sent the other ways TorchServe clients send the same payload (another
+field name, ``bytes``, base64, raw JSON bytes).
 
 Parity is only judged where it can be: every run starts from the same RNG seed (and the RNG
 states are put back after), and the batch is run twice more first — with the same seed, to see
@@ -18,7 +19,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import math
 import random
 import sys
 import warnings
@@ -26,37 +26,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlerkit._compare import same_output, shown
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
-from handlerkit.contract import Problem, check_output
+from handlerkit.contract import Problem, check_output, check_statuses, response_statuses
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import StageError
 
-__all__ = ["CheckReport", "run_checks", "same_output"]
+__all__ = ["CheckReport", "run_checks", "same_output"]  # same_output: handlerkit._compare's, kept importable here
 
 _SEED = 20_240_917
 
 
-# ---------------------------------------------------------------------------- comparison
-def same_output(a: Any, b: Any, atol: float = 1e-4, rtol: float = 1e-4) -> bool:
-    """Structural equality with a numeric tolerance (dict key order ignored)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-            return True
-        return abs(a - b) <= atol + rtol * abs(b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_output(a[k], b[k], atol, rtol) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_output(x, y, atol, rtol) for x, y in zip(a, b))
-    if hasattr(a, "shape") and hasattr(b, "shape"):
-        import torch
-
-        return bool(a.shape == b.shape and torch.allclose(a.float().cpu(), b.float().cpu(), atol=atol, rtol=rtol))
-    return a == b
-
-
+# ---------------------------------------------------------------------------- messages
 def _rounded(value: Any) -> Any:
     """Floats to 4 significant digits, so messages read well and stay stable across CPUs."""
     if isinstance(value, float):
@@ -68,9 +51,8 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def _short(value: Any, n: int = 80) -> str:
-    text = repr(_rounded(value))
-    return text if len(text) <= n else text[: n - 3] + "..."
+def _short(value: Any) -> str:
+    return shown(_rounded(value), 80)
 
 
 # ---------------------------------------------------------------------------- the report
@@ -164,6 +146,11 @@ def _first_line(error: StageError) -> str:
     return error.message.splitlines()[0]
 
 
+def _runs_problem(error: StageError) -> Problem:
+    """The batch cannot run (or the handler cannot initialize): nothing else can be checked."""
+    return Problem("runs", _first_line(error), error.fix or "", error.stage, error.request_index)
+
+
 def run_checks(
     harness: HarnessView, batch: Any, atol: float = 1e-4, rtol: float = 1e-4, progress: bool | None = None
 ) -> CheckReport:
@@ -178,20 +165,21 @@ def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, show
     from handlerkit.batches import Batch
 
     report = CheckReport(handler=harness.name, batch_size=len(batch))
-    with harness.preserved(), _rng_states(), warnings.catch_warnings():
+    try:
+        ensure_initialized(harness)
+    except StageError as error:
+        report.problems.append(_runs_problem(error))
+        return report
+    with diagnostic_runs(harness), _rng_states(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         full, error = _run_output(harness, batch)
         shown.update()
         if error is not None:
-            report.problems.append(Problem("runs", _first_line(error), error.fix or "", error.stage, error.request_index))
+            report.problems.append(_runs_problem(error))
             return report
         report.problems.extend(check_output(full, len(batch), stage="handle"))
-        report.statuses = [harness.context.get_response_status(i) for i in range(len(batch))]
-        for i, (code, _phrase) in enumerate(report.statuses):
-            if not isinstance(code, int) or not 100 <= code <= 599:
-                report.problems.append(
-                    Problem("status", f"response status {code!r} is not an HTTP status code", "use context.set_response_status(code, phrase, idx) with 100..599", "handle", i)
-                )
+        report.statuses = response_statuses(harness.context, len(batch))
+        report.problems.extend(check_statuses(report.statuses))
         shown.set_description(f"check {harness.name}: recompile gate")
         _recompile_gate(harness, batch, report)
         shown.update()

@@ -43,8 +43,10 @@ from handlerkit.diagnostics._dynamo_events import (
     Recompile,
     graph_breaks,
     recompiles,
+    where,
 )
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 
@@ -199,7 +201,7 @@ class CompileReport(Rendered):
                   f"steady state ({self.timed_stage}, batch {self.batch_size})"),
             Table(
                 ("compile id", "function", "defined at", "graph ops", "compile s"),
-                [[f.compile_id, f.function, _where(f.file, f.line), f.graph_ops, f.compile_s] for f in self.frames],
+                [[f.compile_id, f.function, where(f.file, f.line), f.graph_ops, f.compile_s] for f in self.frames],
                 "compiled frames",
             ),
             Table(
@@ -217,10 +219,6 @@ class CompileReport(Rendered):
 
     def _notes(self) -> list[str]:
         return list(self.notes)
-
-
-def _where(file: str | None, line: int | None) -> str:
-    return "" if file is None else f"{file}:{line}" if line is not None else file
 
 
 # ---------------------------------------------------------------------------- running
@@ -257,15 +255,13 @@ def compile_report(
         )
     report = CompileReport(handler=view.name, batch_size=len(batch))
     first = DynamoEvents()
-    with first:  # outside preserved(): an initialize the report runs stays done
-        if "initialize" not in view.results or not view.results["initialize"].ok:
-            view.initialize()  # a handler may warm up (and so compile) in initialize
+    with first:
+        ensure_initialized(view)  # a handler may warm up (and so compile) in initialize
     compiled_at_start = eager_model(_model(view, handler)) is not None
     read_settings(report, view, handler)
     counters = CountersKept()
-    track_memory, view.track_memory = view.track_memory, False  # time the model, not the tracker
     try:
-        with view.preserved(), Bar(3 + len(sizes), "compile report: first call", progress) as bar:
+        with diagnostic_runs(view), Bar(3 + len(sizes), "compile report: first call", progress) as bar:
             with first:
                 run = _first_call(view, handler, batch, report)
             counters.keep()  # the first call's compile counts, as it would without the report
@@ -285,7 +281,6 @@ def compile_report(
                     report.problems.extend(gate_problems(report.gate))
                     _gate_notes(report, stance)
     finally:
-        view.track_memory = track_memory
         counters.restore()
     if report.graph_breaks:
         report.notes.append(
@@ -368,7 +363,7 @@ def _timer(view: HarnessView, handler: Any, batch: Any, run: Any, stage: str) ->
         def call() -> float:
             with Timer(device) as timer:
                 handler.inference(data)
-            return timer.device_ms if timer.device_ms is not None else timer.wall_ms
+            return timer.device_or_wall_ms
 
         return call
     return lambda: stage_ms(view.run(batch), stage)

@@ -34,6 +34,7 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit.contract import HANDLER_STAGES
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import HandlerkitError
 
 __all__ = ["RANGE_PREFIX", "OpStats", "StageTotals", "ProfileReport", "aggregate", "profiler_activities", "profile_stages"]
@@ -408,8 +409,8 @@ def profile_stages(
 ) -> ProfileReport:
     """One run of ``batch`` through ``handle`` under ``torch.profiler``, after ``warmup`` unprofiled runs.
 
-    Initializes first when that has not happened; per-stage memory tracking is off during the
-    runs, and the harness's results and bound batch are put back after. A stage that raises
+    The runs are :func:`~handlerkit.diagnostics.runs.diagnostic_runs` (initialized first,
+    memory tracking off, the harness put back after). A stage that raises
     raises its :class:`~handlerkit.errors.StageError` here too (the handler is left as it
     was), since a profile of a failing run would describe the error path, not the handler.
 
@@ -433,36 +434,30 @@ def profile_stages(
     from torch.profiler import ProfilerActivity, profile, record_function
 
     _refuse_a_second_profiler(torch)
-    if "initialize" not in view.results or not view.results["initialize"].ok:
-        view.initialize()
+    ensure_initialized(view)
     handler = view.handler
     device = getattr(handler, "device", None) if handler is not None else None
     activities = profiler_activities(device)
-    track_memory = view.track_memory
-    view.track_memory = False  # the profile is of the handler, not of the memory tracker
-    try:
-        with Bar(warmup + 1, f"profiling {view.name}", progress) as bar, view.preserved(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for _ in range(warmup):
-                view.run(batch)
-                bar.update()
-            prof = profile(activities=[getattr(ProfilerActivity, a) for a in activities], record_shapes=record_shapes)
-            with _stage_ranges(handler, record_function) as labelled:
-                with _native_stderr_silenced():
-                    prof.start()
-                try:
-                    with record_function(RANGE_PREFIX + HANDLE):
-                        view.run(batch)
-                finally:
-                    with _native_stderr_silenced():
-                        prof.stop()
+    with Bar(warmup + 1, f"profiling {view.name}", progress) as bar, diagnostic_runs(view), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(warmup):
+            view.run(batch)
             bar.update()
+        prof = profile(activities=[getattr(ProfilerActivity, a) for a in activities], record_shapes=record_shapes)
+        with _stage_ranges(handler, record_function) as labelled:
             with _native_stderr_silenced():
-                events = prof.events()
-                if trace_path is not None:
-                    prof.export_chrome_trace(trace_path)
-    finally:
-        view.track_memory = track_memory
+                prof.start()
+            try:
+                with record_function(RANGE_PREFIX + HANDLE):
+                    view.run(batch)
+            finally:
+                with _native_stderr_silenced():
+                    prof.stop()
+        bar.update()
+        with _native_stderr_silenced():
+            events = prof.events()
+            if trace_path is not None:
+                prof.export_chrome_trace(trace_path)
     stages, totals = aggregate(events, top=top, record_shapes=record_shapes, device_time="CUDA" in activities)
     notes = []
     if labelled and not any(s in totals for s in labelled):

@@ -1,9 +1,10 @@
 """Repeated timing of a handler's stages (``Harness.time``) and batch-size sweeps (``Harness.sweep``).
 
 Each pass is a real run (:meth:`Harness.run`, through the handler's own ``handle``, so a
-handler that splits the batch is timed as TorchServe runs it), with per-stage memory tracking
-off; the stages' times come from the harness's device-synchronised timer
-(:class:`handlerkit.timer.Timer`). The harness's results and bound batch are put back after.
+handler that splits the batch is timed as TorchServe runs it) inside
+:func:`~handlerkit.diagnostics.runs.diagnostic_runs` (memory tracking off, the harness put back
+after); the stages' times come from the harness's device-synchronised timer
+(:class:`handlerkit.timer.Timer`), device time where there is one.
 :func:`time_callable_stages` repeats any pass and collects the per-stage milliseconds it
 returns; :class:`TimingReport` and :class:`SweepReport` render themselves.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.runs import diagnostic_runs
 
 __all__ = [
     "END_TO_END",
@@ -341,11 +343,7 @@ class SweepReport(Rendered):
 
 def _stage_ms(run: Any) -> dict[str, float]:
     """``{stage: ms}`` of one run: device time where a stage ran on an accelerator."""
-    return {
-        name: (r.device_ms if r.device_ms is not None else r.wall_ms)
-        for name, r in run.stages.items()
-        if name != "initialize"
-    }
+    return {name: r.device_or_wall_ms for name, r in run.stages.items() if name != "initialize"}
 
 
 def time_stages(
@@ -356,24 +354,14 @@ def time_stages(
     ``progress``: a bar (see :mod:`handlerkit._progress`; None lets the environment decide),
     or an open :class:`~handlerkit._progress.Bar` to advance (a sweep's).
     """
-    if "initialize" not in harness.results or not harness.results["initialize"].ok:
-        harness.initialize()
+    with diagnostic_runs(harness), warnings.catch_warnings(), contextlib.ExitStack() as stack:
+        warnings.simplefilter("ignore")
+        shown = progress if isinstance(progress, Bar) else stack.enter_context(
+            Bar(warmup + repeat, f"timing {harness.name}", progress)
+        )
+        samples = time_callable_stages(lambda: _stage_ms(harness.run(batch)), warmup=warmup, repeat=repeat, progress=shown)
     handler = harness.handler
     device = getattr(handler, "device", None) or "cpu"
-    track_memory = harness.track_memory
-    harness.track_memory = False  # timing measures the handler, not the memory tracker
-    try:
-        with harness.preserved(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with contextlib.ExitStack() as stack:
-                shown = progress if isinstance(progress, Bar) else stack.enter_context(
-                    Bar(warmup + repeat, f"timing {harness.name}", progress)
-                )
-                samples = time_callable_stages(
-                    lambda: _stage_ms(harness.run(batch)), warmup=warmup, repeat=repeat, progress=shown
-                )
-    finally:
-        harness.track_memory = track_memory
     notes = []
     compiled = getattr(getattr(getattr(handler, "decisions", None), "compile", None), "applied", False)
     if compiled and warmup < 1:

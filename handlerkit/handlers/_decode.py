@@ -19,19 +19,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from handlerkit.errors import RequestError
+from handlerkit.handlers.request_errors import payload_kind, refuse
 
-__all__ = ["STATUS_PHRASES", "convert_mode", "image_bytes", "load_image", "open_image", "pixel_limit"]
+__all__ = ["convert_mode", "image_bytes", "load_image", "open_image", "pixel_limit"]
 
-#: The reason phrase sent with each status code a request's error can have.
-STATUS_PHRASES = {400: "Bad Request", 413: "Payload Too Large"}
-
-_JSON_KINDS = {dict: "a JSON object", bool: "a JSON boolean", int: "a JSON number", float: "a JSON number"}
 _SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N"}
 _SEND_AN_IMAGE = "send a PNG/JPEG file as the request body (or a form field named 'data')"
-
-
-def _refuse(index: int, what: str, fix: str, code: int = 400) -> RequestError:
-    return RequestError(f"request {index}: {what}", index, code, fix=fix)
 
 
 def image_bytes(payload: Any, index: int) -> bytes | bytearray:
@@ -44,23 +37,22 @@ def image_bytes(payload: Any, index: int) -> bytes | bytearray:
         payload = bytes(payload)
     if isinstance(payload, str):
         if payload.lstrip().startswith("data:") and "," in payload:
-            raise _refuse(index, "the body is a data URL, not base64 alone",
+            raise refuse(index, "the body is a data URL, not base64 alone",
                           "send only what follows the comma (the base64 part), or the image bytes themselves")
         try:
             # Whitespace is dropped first: base64 tools wrap lines (TorchServe's decoder skips it too).
             decoded = base64.b64decode("".join(payload.split()), validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise _refuse(index, f"the body is a str that is not base64 ({exc})",
+            raise refuse(index, f"the body is a str that is not base64 ({exc})",
                           "send the image bytes with a binary content type, or base64-encode them") from exc
         if not decoded:
-            raise _refuse(index, "the body is empty", _SEND_AN_IMAGE)
+            raise refuse(index, "the body is empty", _SEND_AN_IMAGE)
         return decoded
     if isinstance(payload, (bytes, bytearray)):
         if not payload:
-            raise _refuse(index, "an empty body", "send the image as the request body or as a form field named 'data'")
+            raise refuse(index, "an empty body", "send the image as the request body or as a form field named 'data'")
         return payload
-    kind = _JSON_KINDS.get(type(payload), f"a {type(payload).__name__}")
-    raise _refuse(index, f"{kind} is not an image", "send image bytes, a base64 str or a list of floats")
+    raise refuse(index, f"{payload_kind(payload)} is not an image", "send image bytes, a base64 str or a list of floats")
 
 
 @contextlib.contextmanager
@@ -81,7 +73,7 @@ def pixel_limit(limited: bool) -> Iterator[None]:
 
 
 def _too_large(index: int, what: str) -> RequestError:
-    return _refuse(
+    return refuse(
         index,
         what,
         "send a smaller image, or set limit_max_image_pixels=false on the server "
@@ -116,7 +108,7 @@ def open_image(data: bytes | bytearray, index: int, *, limit_pixels: bool = True
             raise
         except Exception as exc:  # UnidentifiedImageError, and what broken headers raise (SyntaxError, ...)
             detail = "" if isinstance(exc, Image.UnidentifiedImageError) else f" ({type(exc).__name__}: {exc})"
-            raise _refuse(index, f"the {len(data)}-byte body is not an image PIL can read{detail}", _SEND_AN_IMAGE) from exc
+            raise refuse(index, f"the {len(data)}-byte body is not an image PIL can read{detail}", _SEND_AN_IMAGE) from exc
     limit = Image.MAX_IMAGE_PIXELS
     width, height = image.size
     if limit_pixels and limit is not None and width * height > limit:
@@ -136,7 +128,7 @@ def load_image(image: Any, index: int) -> Any:
     except MemoryError:
         raise
     except Exception as exc:  # OSError, SyntaxError, ValueError, EOFError, zlib/struct errors...
-        raise _refuse(index, f"the image is corrupt or truncated ({type(exc).__name__}: {exc})",
+        raise refuse(index, f"the image is corrupt or truncated ({type(exc).__name__}: {exc})",
                       "send the complete image file") from exc
     return image
 

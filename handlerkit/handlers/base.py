@@ -101,8 +101,7 @@ def timed(func: F) -> F:
             return func(self, *args, **kwargs)
         with Timer(getattr(self, "device", None)) as timer:
             result = func(self, *args, **kwargs)
-        duration = timer.device_ms if timer.device_ms is not None else timer.wall_ms
-        self.context.metrics.add_time("ts_handler_" + func.__name__, duration)
+        self.context.metrics.add_time("ts_handler_" + func.__name__, timer.device_or_wall_ms)
         return result
 
     return wrapper  # type: ignore[return-value]

@@ -45,14 +45,14 @@ class ImageClassifier(VisionHandler):
 
     @timed
     def postprocess(self, data: torch.Tensor) -> list[dict[str, Any]]:
-        """Top-k ``{label: probability}`` per readable request, error items for the others."""
+        """Top-k ``{label: probability}`` per readable request (VisionHandler puts the others' error items back)."""
         if data.shape[0] == 0:  # no request was readable: inference passed the empty batch through
-            return self.with_request_errors([])
+            return []
         probs = F.softmax(data, dim=1)
         k = min(self.topk, probs.shape[1])
         top_probs, top_classes = torch.topk(probs, k, dim=1)
         mapping = self.mapping
-        return self.with_request_errors([
+        return [
             {(mapping[str(c)] if mapping is not None else str(c)): p for c, p in zip(classes, ps)}
             for classes, ps in zip(top_classes.tolist(), top_probs.tolist())
-        ])
+        ]

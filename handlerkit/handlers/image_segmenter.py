@@ -34,13 +34,13 @@ class ImageSegmenter(VisionHandler):
 
     @timed
     def postprocess(self, data: Any) -> list[Any]:
-        """``[class, probability]`` per pixel per readable request, error items for the others."""
+        """``[class, probability]`` per pixel per readable request (VisionHandler puts the others' error items back)."""
         if isinstance(data, torch.Tensor) and data.shape[0] == 0:  # nothing was readable
-            return self.with_request_errors([])
+            return []
         probs = torch.nn.functional.softmax(_logits(data), dim=1)
         best = torch.max(probs, dim=1)
         pixels = torch.stack([best.indices.type(best.values.dtype), best.values], dim=3)
-        return self.with_request_errors(pixels.tolist())
+        return pixels.tolist()
 
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
         raise HandlerkitError(

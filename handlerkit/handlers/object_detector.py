@@ -92,9 +92,10 @@ class ObjectDetector(VisionHandler):
     # -------------------------------------------------------------- the answers
     @timed
     def postprocess(self, data: Any) -> list[Any]:
-        """The boxes scoring at least ``threshold`` per readable request, error items for the others."""
+        """The boxes scoring at least ``threshold`` per readable request (VisionHandler puts the others' error
+        items back)."""
         if isinstance(data, torch.Tensor) and data.shape[0] == 0:  # nothing was readable
-            return self.with_request_errors([])
+            return []
         mapping = self.mapping
         answers = []
         for image, row in enumerate(_detections(data)):
@@ -110,7 +111,7 @@ class ObjectDetector(VisionHandler):
                 {(mapping.get(str(label), str(label)) if mapping is not None else str(label)): box, "score": score}
                 for box, label, score in zip(boxes, labels, scores)
             ])
-        return self.with_request_errors(answers)
+        return answers
 
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
         raise HandlerkitError(

@@ -44,6 +44,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning, ModelLoadError, RequestError
 from handlerkit.handlers._contractions import CONTRACTIONS
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
+from handlerkit.handlers.request_errors import fail, payload_kind, refuse
 from handlerkit.requests import payload as request_payload
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "TextScores",
     "Vocabulary",
     "basic_english_tokenize",
-    "error_item",
     "expand_contractions",
     "ngrams",
     "normalise",
@@ -226,23 +226,6 @@ class TextScores(NamedTuple):
     batch: TextBatch
 
 
-_PHRASES = {400: "Bad Request", 413: "Payload Too Large"}
-
-
-def error_item(error: RequestError) -> dict[str, Any]:
-    """A failed request's answer: ``{"code": 400, "error": what is wrong, "fix": what to send}``."""
-    reason = error.reason
-    prefix = f"request {error.request_index}: "
-    return {"code": error.error_code, "error": reason.removeprefix(prefix), "fix": error.fix}
-
-
-def _refuse(index: int, what: str, fix: str, code: int = 400) -> RequestError:
-    return RequestError(f"request {index}: {what}", index, code, fix=fix)
-
-
-_JSON_KINDS = {dict: "a JSON object", list: "a JSON array", bool: "a JSON boolean", int: "a JSON number", float: "a JSON number"}
-
-
 # ---------------------------------------------------------------------------- the handler
 class TextHandler(BaseHandler):
     """Base of the text handlers: each request's ``data`` or ``body`` is one text.
@@ -327,27 +310,26 @@ class TextHandler(BaseHandler):
         fix = "send the text as the request body (text/plain; charset=utf-8) or as a JSON string"
         if payload is None:
             got = f"fields {sorted(row)}" if isinstance(row, dict) else f"a {type(row).__name__}"
-            raise _refuse(index, f"no text under 'data' or 'body' (got {got})", fix)
+            raise refuse(index, f"no text under 'data' or 'body' (got {got})", fix)
         limit = self.max_text_chars
         too_long = "split it into several requests, or raise handler: {max_text_chars: N} in model-config.yaml"
         if isinstance(payload, (bytes, bytearray, memoryview)):
             if len(payload) > 4 * limit:  # UTF-8 takes at most 4 bytes a character
                 what = f"the body has {len(payload):,} bytes, more than {limit:,} characters can take"
-                raise _refuse(index, what, too_long, 413)
+                raise refuse(index, what, too_long, 413)
             try:
                 payload = bytes(payload).decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise _refuse(
+                raise refuse(
                     index, f"the body is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at position {exc.start})",
                     "encode the text as UTF-8 (Latin-1 and UTF-16 are not read)",
                 ) from exc
         if not isinstance(payload, str):
-            kind = _JSON_KINDS.get(type(payload), f"a {type(payload).__name__}")
-            raise _refuse(index, f"{kind} is not text", fix + " (TorchServe's text classifier reads no JSON fields either)")
+            raise refuse(index, f"{payload_kind(payload)} is not text", fix + " (TorchServe's text classifier reads no JSON fields either)")
         if not payload.strip():
-            raise _refuse(index, "the body is empty" if not payload else "the text is only whitespace", fix)
+            raise refuse(index, "the body is empty" if not payload else "the text is only whitespace", fix)
         if len(payload) > limit:
-            raise _refuse(index, f"the text has {len(payload):,} characters; this handler takes at most {limit:,}", too_long, 413)
+            raise refuse(index, f"the text has {len(payload):,} characters; this handler takes at most {limit:,}", too_long, 413)
         return payload
 
     def features(self, text: str) -> list[str]:
@@ -393,14 +375,13 @@ class TextHandler(BaseHandler):
                 text = self.read_text(row, index)
                 found = self.features(text)
                 if not found:
-                    raise _refuse(
+                    raise refuse(
                         index, f"no words are left after normalisation (tags, accents, punctuation removed) of {text[:40]!r}",
                         "send text with at least one word in Latin letters or digits",
                     )
             except RequestError as exc:
-                errors[index] = exc
+                fail(errors, index, exc, self.context)
                 features.append(None)
-                self._set_status(index, exc)
                 continue
             offsets.append(len(rows))
             rows.extend(vocab.lookup(found))
@@ -411,11 +392,6 @@ class TextHandler(BaseHandler):
             features,
             errors,
         )
-
-    def _set_status(self, index: int, error: RequestError) -> None:
-        context = self.context
-        if context is not None and hasattr(context, "set_response_status"):
-            context.set_response_status(error.error_code, _PHRASES.get(error.error_code, "Bad Request"), index)
 
 
 def _positive_int(value: Any, key: str) -> int:

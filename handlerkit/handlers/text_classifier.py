@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from handlerkit.errors import RequestError
 from handlerkit.handlers._text_explain import token_attributions
 from handlerkit.handlers.base import HandlerDecisions, timed
-from handlerkit.handlers.text import TextBatch, TextHandler, TextScores, error_item
+from handlerkit.handlers.request_errors import error_item, put_back, set_status
+from handlerkit.handlers.text import TextBatch, TextHandler, TextScores
 
 __all__ = ["TextClassifier"]
 
@@ -55,7 +56,7 @@ class TextClassifier(TextHandler):
             empty = torch.empty(0, dtype=torch.long)
             data = TextScores(data, TextBatch(empty, empty, [[]] * rows, {}))
         batch = data.batch
-        items: dict[int, dict[str, Any]] = {i: error_item(e) for i, e in batch.errors.items()}
+        answers: list[dict[str, Any]] = []
         if data.scores is not None:
             probs = F.softmax(data.scores.float(), dim=1)
             if self.topk is None:
@@ -65,9 +66,9 @@ class TextClassifier(TextHandler):
                 top_probs, top_classes = torch.topk(probs, min(self.topk, probs.shape[1]), dim=1)
                 classes, values = top_classes.tolist(), top_probs.tolist()
             mapping = self.mapping
-            for index, cs, ps in zip(batch.readable, classes, values):
-                items[index] = {(mapping[str(c)] if mapping is not None else str(c)): p for c, p in zip(cs, ps)}
-        return [items[i] for i in range(len(batch.features))]
+            answers = [{(mapping[str(c)] if mapping is not None else str(c)): p for c, p in zip(cs, ps)}
+                       for cs, ps in zip(classes, values)]
+        return put_back(answers, batch.errors, len(batch.features))
 
     # -------------------------------------------------------------- explanations
     def explain_handle(self, data_preprocess: TextBatch, raw_data: list[Any]) -> list[dict[str, Any]]:
@@ -86,7 +87,7 @@ class TextClassifier(TextHandler):
             try:
                 target = self._target(row, index)
             except RequestError as exc:
-                self._set_status(index, exc)
+                set_status(self.context, index, exc)
                 out.append(error_item(exc))
                 continue
             out.append(self.get_insights(indices, features, target))

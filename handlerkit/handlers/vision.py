@@ -37,10 +37,10 @@ import torch
 
 from handlerkit._optional import require
 from handlerkit.errors import ConfigError, RequestError
-from handlerkit.handlers._decode import STATUS_PHRASES, convert_mode, image_bytes, load_image, open_image
+from handlerkit.handlers._decode import convert_mode, image_bytes, load_image, open_image
 from handlerkit.handlers._pipeline import ResizeCropNormalize, pipeline_from
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
-from handlerkit.handlers.text import error_item
+from handlerkit.handlers.request_errors import fail, put_back
 from handlerkit.requests import payload as request_payload
 
 __all__ = ["ResizeCropNormalize", "VisionHandler", "decode_image"]
@@ -54,6 +54,21 @@ def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
     """
     image = open_image(image_bytes(payload, index), index, limit_pixels=limit_pixels)
     return load_image(image, index)
+
+
+#: The methods whose answers get the error items put back.
+_PUT_BACK_IN = ("postprocess", "explain_handle")
+
+
+def _puts_errors_back(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` with :meth:`VisionHandler.with_request_errors` applied to what it returns."""
+
+    @functools.wraps(method)
+    def wrapper(self: VisionHandler, *args: Any, **kwargs: Any) -> Any:
+        return self.with_request_errors(method(self, *args, **kwargs))
+
+    wrapper._puts_errors_back = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 class VisionHandler(BaseHandler):
@@ -126,24 +141,18 @@ class VisionHandler(BaseHandler):
     def fail_request(self, index: int, error: RequestError) -> None:
         """Record request ``index``'s error and set its status (``context.set_response_status``);
         for preprocess, before the request reaches the model."""
-        self.request_errors[index] = error
-        context = self.context
-        if context is not None and hasattr(context, "set_response_status"):
-            context.set_response_status(error.error_code, STATUS_PHRASES.get(error.error_code, "Bad Request"), index)
+        fail(self.request_errors, index, error, self.context)
 
     def with_request_errors(self, items: Any) -> Any:
         """``items``, one per readable request, with each failed request's error item put back
-        at its index; anything else (already one per request, not a list) is returned as is."""
+        at its index; anything else (already one per request, not a list) is returned as is
+        (:func:`~handlerkit.handlers.request_errors.put_back`)."""
         errors = getattr(self, "request_errors", None)
-        if not errors or not isinstance(items, list):
+        if not errors:
             return items
         if self._batch_ids is not None and self._batch_ids != _request_ids(self.context):
             return items  # recorded for another batch (a preprocess that never called ours ran since)
-        n = self._batch_size
-        if len(items) != n - len(errors):
-            return items
-        answers = iter(items)
-        return [error_item(errors[i]) if i in errors else next(answers) for i in range(n)]
+        return put_back(items, errors, self._batch_size)
 
     def _begin_batch(self, data: Any) -> None:
         self.request_errors = {}
@@ -151,16 +160,18 @@ class VisionHandler(BaseHandler):
         self._batch_ids = _request_ids(self.context)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass's own ``postprocess`` and ``explain_handle`` get the error items put back,
-        so a handler written for TorchServe's VisionHandler (one answer per tensor row)
-        isolates bad requests too. ``handle`` is left alone: it stays TorchServe's, running the
-        stages (the harness steps through them). The wrapper keeps the original as
+        """Every subclass's ``postprocess`` and ``explain_handle`` put the error items back, so a
+        handler written for TorchServe's VisionHandler (one answer per tensor row) isolates bad
+        requests too: the subclass's own method, or the one it inherits from a class that is no
+        VisionHandler (a mixin), is wrapped. Putting the items back is idempotent, so a subclass
+        whose method only passes the call on to its base class answers exactly as the base
+        does, though both layers put back. ``handle`` is left alone: it stays TorchServe's,
+        running the stages (the harness steps through them). The wrapper keeps the original as
         ``__wrapped__``, so error locations still lead to the subclass's file."""
         super().__init_subclass__(**kwargs)
-        if vars(cls).get("__handlerkit_spied__"):  # the harness's pass-through subclass
-            return
-        for name in ("postprocess", "explain_handle"):
-            method = vars(cls).get(name)
+        for name in _PUT_BACK_IN:
+            own = vars(cls).get(name)
+            method = own if own is not None else getattr(cls, name, None)  # a VisionHandler's is marked
             if callable(method) and not getattr(method, "_puts_errors_back", False):
                 setattr(cls, name, _puts_errors_back(method))
 
@@ -297,16 +308,18 @@ class VisionHandler(BaseHandler):
             return data
         return super().inference(data, *args, **kwargs)
 
+    @_puts_errors_back
     @timed
     def postprocess(self, data: Any) -> list[Any]:
         """``data.tolist()`` for the readable requests, error items for the others."""
-        return self.with_request_errors(data.tolist())
+        return data.tolist()
 
+    @_puts_errors_back
     def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> Any:
         """TorchServe's explanations (one per readable request), error items for the others."""
         if isinstance(data_preprocess, torch.Tensor) and data_preprocess.shape[0] == 0:
-            return self.with_request_errors([])  # nothing readable: nothing to explain
-        return self.with_request_errors(super().explain_handle(data_preprocess, raw_data))
+            return []  # nothing readable: nothing to explain
+        return super().explain_handle(data_preprocess, raw_data)
 
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
         """Integrated gradients for ``target`` (captum), as TorchServe's VisionHandler does."""
@@ -325,15 +338,6 @@ def _request_ids(context: Any) -> Any:
     """The batch's request ids (new for every batch, in TorchServe and in handlerkit), if bound."""
     ids = getattr(context, "request_ids", None)
     return dict(ids) if isinstance(ids, dict) else None
-
-
-def _puts_errors_back(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def wrapper(self: VisionHandler, *args: Any, **kwargs: Any) -> Any:
-        return self.with_request_errors(method(self, *args, **kwargs))
-
-    wrapper._puts_errors_back = True  # type: ignore[attr-defined]
-    return wrapper
 
 
 def _float_tensor(values: Any, index: int, expected: tuple[int, ...] | None) -> torch.Tensor:

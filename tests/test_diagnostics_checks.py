@@ -74,3 +74,42 @@ def test_check_of_an_uncompiled_handler_runs_no_gate(monkeypatch):
     monkeypatch.setattr(_compile_gate, "run_gate", lambda *args, **kwargs: pytest.fail("the gate ran"))
     report = hk.Harness(Sum(), hk.MockContext(gpu_id=None)).check([[1.0, 2.0], [3.0]])
     assert report.ok and not any("recompile" in n for n in report.notes)
+
+
+# ---------------------------------------------------------------------------- the set-up
+def test_check_initializes_first_and_keeps_that_initialize():
+    h = hk.Harness(Sum(), hk.MockContext(gpu_id=None))
+    h.check([[1.0, 2.0], [3.0]])
+    assert list(h.results) == ["initialize"] and h.results["initialize"].ok  # the runs' results are gone
+
+
+def test_a_handler_that_cannot_initialize_is_one_problem():
+    class Broken(Sum):
+        def initialize(self, context):
+            raise ValueError("no weights here")
+
+    h = hk.Harness(Broken(), hk.MockContext(gpu_id=None))
+    report = h.check([[1.0]])
+    [problem] = report.problems
+    assert (problem.check, problem.stage) == ("runs", "initialize")
+    assert "ValueError: no weights here" in problem.message
+    assert not report.ok and not h.results["initialize"].ok and h.track_memory
+
+
+def test_a_status_that_is_no_http_code_is_a_problem():
+    class Teapot(Sum):
+        def handle(self, data, context):
+            context.set_response_status(1000, "Way Too Much", 0)
+            return super().handle(data, context)
+
+    report = hk.Harness(Teapot(), hk.MockContext(gpu_id=None)).check([[1.0]])
+    [problem] = [p for p in report.problems if p.check == "status"]
+    assert problem.request_index == 0 and problem.message == "response status 1000 is not an HTTP status code"
+    assert report.statuses == [(1000, "Way Too Much")]
+
+
+def test_same_output_stays_importable_from_checks():
+    from handlerkit._compare import same_output as owner
+    from handlerkit.diagnostics.checks import same_output
+
+    assert same_output is owner
