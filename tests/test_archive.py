@@ -299,7 +299,7 @@ def test_build_refusals_name_the_rule_and_the_fix(tmp_path: Path, inputs: Path) 
 def test_an_interrupted_build_leaves_nothing_and_keeps_the_old_archive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
 ) -> None:
-    from handlerkit import _archive_write
+    from handlerkit.archive import write as archive_write
 
     out = tmp_path / "store"
     first = archive.build(DEMO, out, archive_format=fmt)
@@ -309,15 +309,15 @@ def test_an_interrupted_build_leaves_nothing_and_keeps_the_old_archive(
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_archive_write._Counted, "read", fail)
-    monkeypatch.setattr(_archive_write.shutil, "copyfile", fail)
+    monkeypatch.setattr(archive_write._Counted, "read", fail)
+    monkeypatch.setattr(archive_write.shutil, "copyfile", fail)
     with pytest.raises(KeyboardInterrupt):
         archive.build(DEMO, out, archive_format=fmt, force=True)
     assert snapshot(out) == before and contents(first) == old
 
 
 def test_compression_stores_weights_and_incompressible_files(tmp_path: Path) -> None:
-    from handlerkit._archive_write import compression_for
+    from handlerkit.archive.write import compression_for
 
     (tmp_path / "w.onnx").write_bytes(b"\0" * 100)
     (tmp_path / "noise.dat").write_bytes(os.urandom(2 << 20))
@@ -507,10 +507,10 @@ def test_all_problems_are_reported_together_and_inspect_renders_them(tmp_path: P
 
 
 def test_disk_space_is_checked_before_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from handlerkit import _archive_extract
+    from handlerkit.archive import extract as archive_extract
 
     mar = archive.build(DEMO, tmp_path / "store")
-    monkeypatch.setattr(_archive_extract.shutil, "disk_usage", lambda path: SimpleNamespace(free=10))
+    monkeypatch.setattr(archive_extract.shutil, "disk_usage", lambda path: SimpleNamespace(free=10))
     refused(mar, "disk-space", tmp_path)
 
 

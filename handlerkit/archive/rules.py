@@ -1,8 +1,8 @@
 """The rules a model archive must keep, the error that names the one broken, and the manifest.
 
-Shared by reading (:mod:`handlerkit._archive_read`), extracting
-(:mod:`handlerkit._archive_extract`) and building (:mod:`handlerkit._archive_write`); the
-public names are re-exported by :mod:`handlerkit.archive`.
+Shared by reading (:mod:`handlerkit.archive.read`), extracting
+(:mod:`handlerkit.archive.extract`) and building (:mod:`handlerkit.archive.pack`); the public
+names are re-exported by :mod:`handlerkit.archive`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Building a model archive as ``torch-model-archiver`` 0.12 would, only faster.
+"""What goes into a model archive, and its manifest, as ``torch-model-archiver`` 0.12 decides.
 
 The layout and the manifest are the archiver's (``model_archiver/model_packaging_utils.py``):
 
@@ -7,62 +7,39 @@ The layout and the manifest are the archiver's (``model_archiver/model_packaging
 - a handler given as a path (``dir/h.py``, ``dir/h:fn``, ``h``) is archived as ``h.py`` and
   named in the manifest by its base name (``h.py``, ``h:fn``, ``h``); a built-in name
   (``image_classifier``…) is archived as no file;
-- ``MAR-INF/MANIFEST.json`` is ``json.dumps(indent=2)`` of ``createdOn`` (``%d/%m/%Y
-  %H:%M:%S``, local time), ``runtime``, ``model`` (``modelName``, ``serializedFile``,
-  ``handler``, ``modelFile``, ``modelVersion``, ``extensions``, ``requirementsFile``,
-  ``configFile``, each only when set) and ``archiverVersion``, written last;
-- ``default`` is a zip, ``tgz`` a gzipped tar with every file under ``<model name>/``,
-  ``no-archive`` the folder ``<model name>/``.
+- ``MAR-INF/MANIFEST.json`` holds ``createdOn`` (``%d/%m/%Y %H:%M:%S``, local time),
+  ``runtime``, ``model`` (``modelName``, ``serializedFile``, ``handler``, ``modelFile``,
+  ``modelVersion``, ``extensions``, ``requirementsFile``, ``configFile``, each only when set)
+  and ``archiverVersion``.
 
-What differs is speed: the archiver copies every file to a temp folder and deflates all of it
-(and gzips a tgz at level 9). Here files are read once, straight into the output; weights and
-other incompressible files are stored, not deflated (:func:`compression_for`; a tgz mostly of
-such files is gzipped at level 0, deflate's stored blocks); the output is
-written to a hidden sibling and renamed into place, so an interrupted build leaves no half
-archive.
+:func:`plan` resolves the inputs into a :class:`Plan` and reads no file's content;
+:mod:`handlerkit.archive.write` writes it.
 """
 
 from __future__ import annotations
 
 import datetime
 import glob
-import gzip
-import io
-import json
 import os
 import re
-import shutil
-import tarfile
-import uuid
-import zipfile
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from handlerkit._archive_rules import MANIFEST, ArchiveError, manifest_problems
-from handlerkit._progress import Bar
+from handlerkit.archive.rules import MANIFEST, ArchiveError, manifest_problems
+from handlerkit.archive.write import FORMATS
 from handlerkit.errors import ModelLoadError
 from handlerkit.modeldir import infer_manifest, read_manifest, resolve_path
 
-__all__ = ["FORMATS", "STORED_SUFFIXES", "Plan", "compression_for", "plan", "write"]
+__all__ = ["ARCHIVER_BUILTINS", "ARCHIVER_VERSION", "Plan", "plan"]
 
 ARCHIVER_VERSION = "0.12.0"
-#: archive_format → what is written (``zip-store``: the archiver's uncompressed zip).
-FORMATS = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}
 #: Handler names torch-model-archiver 0.12 archives as no file (``model_handlers``).
 ARCHIVER_BUILTINS = frozenset({"base_handler", "text_classifier", "image_classifier", "object_detector", "image_segmenter",
                                "dali_image_classifier", "vllm_handler", "trt_llm_handler"})  # fmt: skip
-#: Stored, never deflated: weights (random-looking floats deflate by a few percent at ~30 MB/s)
-#: and files that are compressed already.
-STORED_SUFFIXES = (".pt", ".pth", ".pt2", ".bin", ".onnx", ".safetensors", ".ckpt", ".h5", ".so", ".engine",
-                   ".plan", ".tflite", ".gguf", ".npz", ".zip", ".mar", ".gz", ".tgz", ".bz2", ".xz", ".zst",
-                   ".whl", ".jpg", ".jpeg", ".png", ".webp", ".mp3", ".mp4")  # fmt: skip
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
 _SKIPPED_DIRS = {"__pycache__", "__MACOSX"}
-_PROBE = 256 << 10  # bytes deflated to decide whether a large file is worth deflating
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -78,7 +55,6 @@ class Plan:
         return sum(p.stat().st_size for p in self.files.values())
 
 
-# ------------------------------------------------------------------------------------ planning
 def _walk(folder: Path, skip: Iterable[Path] = ()) -> Iterable[tuple[str, Path]]:
     """(relative posix path, file) under ``folder``, as the archiver's archive_dir filters them."""
     skipped = {os.path.realpath(p) for p in skip}
@@ -251,122 +227,3 @@ def _ordered(model: dict[str, Any]) -> dict[str, Any]:
     out = {k: model[k] for k in order if model.get(k)}
     out.update((k, v) for k, v in model.items() if k not in out and v is not None and k not in order)
     return out
-
-
-# ------------------------------------------------------------------------------------ writing
-def compression_for(path: Path, size: int, mode: str = "auto") -> int:
-    """ZIP_STORED or ZIP_DEFLATED for one file.
-
-    ``auto``: weights and compressed formats (:data:`STORED_SUFFIXES`) are stored; a file of 1
-    MiB or more whose first 256 KiB deflate by less than 5 % is stored; the rest is deflated.
-    ``store`` / ``deflate`` force one.
-    """
-    if mode == "store":
-        return zipfile.ZIP_STORED
-    if mode == "deflate":
-        return zipfile.ZIP_DEFLATED
-    if path.name.lower().endswith(STORED_SUFFIXES):
-        return zipfile.ZIP_STORED
-    if size >= 1 << 20:
-        with open(path, "rb") as f:
-            sample = f.read(_PROBE)
-        if len(zlib.compress(sample, 1)) > 0.95 * len(sample):
-            return zipfile.ZIP_STORED
-    return zipfile.ZIP_DEFLATED
-
-
-class _Counted:
-    """A file read in chunks that advances a progress bar (in MiB)."""
-
-    def __init__(self, f: BinaryIO, bar: Bar) -> None:
-        self._f, self._bar, self._carry = f, bar, 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self._carry += len(data)
-        if self._carry >= 1 << 20:
-            self._bar.update(self._carry >> 20)
-            self._carry &= (1 << 20) - 1
-        return data
-
-
-def write(p: Plan, output: Path, archive_format: str, compression: str, progress: bool | None) -> Path:
-    """Write the planned archive to ``output`` through a hidden sibling renamed into place."""
-    staging = output.parent / f".{output.name}.{uuid.uuid4().hex[:8]}.partial"
-    total_mib = max(1, p.total_size >> 20)
-    try:
-        with Bar(total_mib, f"archive {p.model_name} (MiB)", progress) as bar:
-            if archive_format == "no-archive":
-                _write_dir(p, staging, bar)
-            elif archive_format == "tgz":
-                _write_tgz(p, staging, output.name, compression, bar)
-            else:
-                _write_zip(p, staging, "store" if archive_format == "zip-store" else compression, bar)
-        _replace(staging, output)
-    except BaseException:
-        if staging.is_dir():
-            shutil.rmtree(staging, ignore_errors=True)
-        elif staging.exists():
-            staging.unlink()
-        raise
-    return output
-
-
-def _replace(staging: Path, output: Path) -> None:
-    if output.is_dir() and not output.is_symlink():
-        old = output.parent / f".{output.name}.{uuid.uuid4().hex[:8]}.old"
-        os.rename(output, old)
-        os.rename(staging, output)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, output)
-
-
-def _manifest_bytes(p: Plan) -> bytes:
-    return json.dumps(p.manifest, indent=2).encode("utf-8")
-
-
-def _write_zip(p: Plan, staging: Path, compression: str, bar: Bar) -> None:
-    with open(staging, "xb") as raw, zipfile.ZipFile(raw, "w") as zf:
-        for rel, path in p.files.items():
-            info = zipfile.ZipInfo.from_file(path, rel, strict_timestamps=False)
-            info.compress_type = compression_for(path, info.file_size, compression)
-            with open(path, "rb") as src, zf.open(info, "w") as dst:  # zip64 when large, by zipfile
-                shutil.copyfileobj(_Counted(src, bar), dst, _CHUNK)
-        zf.writestr(MANIFEST, _manifest_bytes(p), compress_type=zipfile.ZIP_DEFLATED)
-
-
-def _write_tgz(p: Plan, staging: Path, name: str, compression: str, bar: Bar) -> None:
-    # One gzip stream for all, so one level: 0 (deflate's stored blocks, still a valid gzip)
-    # when most bytes are weights or incompressible, as the zip stores them (500 MB of float32
-    # gzip at ~45 MB/s at any level here and shrink by ~7 %), else 6.
-    sizes = {path: path.stat().st_size for path in p.files.values()}
-    stored = sum(size for path, size in sizes.items() if compression_for(path, size, compression) == zipfile.ZIP_STORED)
-    level = 0 if stored * 2 > sum(sizes.values()) else 6
-    with (
-        open(staging, "xb") as raw,
-        gzip.GzipFile(name, "wb", level, raw) as gz,  # the gzip header names <name>.tar, as tarfile's would
-        tarfile.open(fileobj=gz, mode="w", copybufsize=_CHUNK) as tf,
-    ):
-        for rel, path in p.files.items():
-            info = tf.gettarinfo(str(path), arcname=f"{p.model_name}/{rel}")
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            with open(path, "rb") as src:
-                tf.addfile(info, _Counted(src, bar))
-        data = _manifest_bytes(p)
-        info = tarfile.TarInfo(f"{p.model_name}/{MANIFEST}")
-        info.size, info.mtime, info.mode = len(data), int(datetime.datetime.now().timestamp()), 0o644
-        tf.addfile(info, io.BytesIO(data))
-
-
-def _write_dir(p: Plan, staging: Path, bar: Bar) -> None:
-    os.mkdir(staging)
-    for rel, path in p.files.items():
-        dest = staging.joinpath(*rel.split("/"))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest)
-        shutil.copymode(path, dest)
-        bar.update(path.stat().st_size >> 20)
-    (staging / "MAR-INF").mkdir()
-    (staging / MANIFEST).write_bytes(_manifest_bytes(p))
