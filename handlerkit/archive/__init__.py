@@ -1,15 +1,25 @@
 """Model archives (``.mar``): build them as ``torch-model-archiver`` 0.12 does, open them safely.
 
-Build from a model dir (its manifest, or the one handlerkit infers, gives the defaults) or
-from files one by one, in the archiver's three forms::
+Build from a model dir or from files one by one, in the archiver's forms::
 
     from handlerkit import archive
     mar = archive.build("fixtures/models/image_classifier", "model_store")   # model_store/image_classifier.mar
     archive.build(None, "store", model_name="shapes", handler="handler.py", serialized_file="model.pt",
                   model_file="model.py", extra_files=["index_to_name.json"], archive_format="tgz")
 
-The manifest is the archiver's, key for key (:mod:`~handlerkit.archive.pack`); weights are
-stored rather than deflated, which makes building a 500 MB archive several times faster
+What goes in, and why, before anything is written::
+
+    plan = archive.plan("my_model", "model_store")   # a Plan: .files (name, size, reason), .left_out
+    print(plan)                                      # the table; notes name what is not packed
+    plan.write("tgz")                                # model_store/my_model.tar.gz; build() is plan().write()
+
+From a model dir, the files its manifest references (inferred from the files when there is no
+``MAR-INF/MANIFEST.json``), the local modules they import and ``index_to_name.json`` are
+packed; training scripts, notes and secrets are left out and named. An unpacked ``.mar`` is
+packed whole. Hidden and secret-looking files are never swept in by a folder or a glob
+(:mod:`~handlerkit.archive.pack`). The manifest is the archiver's, key for key
+(:mod:`~handlerkit.archive.manifest`). Weights are stored rather than deflated and text is
+deflated, in a ``.mar`` and in a ``.tar.gz`` alike, so a 500 MB model archives at disk speed
 (:mod:`~handlerkit.archive.write`, ``benchmarks/archive_vs_model_archiver.py``).
 
 Open any archive, whoever built it::
@@ -29,9 +39,11 @@ naming the archive, the entry, the rule and the fix; extraction is all or nothin
 ``MockContext.from_mar(path)`` (and ``from_model_dir`` given a ``.mar``) extracts into a
 private temp dir that lives as long as the context (:func:`open_temporary`).
 
-The package, one concept per module: ``rules`` (the rules, the limits, the error), ``pack``
-(what goes in, the manifest), ``write`` (zip, tar.gz, folder), ``read`` (sniffing, listing,
-checking), ``extract`` (all or nothing, temp dirs), ``inspect`` (what an archive holds).
+The package, one concept per module: ``rules`` (the rules, the limits, the error, what is
+never swept in), ``pack`` (what goes in, and why), ``imports`` (a model dir's modules that
+code imports), ``manifest`` (the archiver's manifest), ``write`` (zip, tar.gz, folder),
+``read`` (sniffing, listing, checking), ``extract`` (all or nothing, temp dirs), ``inspect``
+(what an archive holds).
 """
 
 from __future__ import annotations
@@ -42,18 +54,21 @@ from pathlib import Path
 
 from handlerkit.archive.extract import ExtractedArchive, context_from_mar, open_mar, open_temporary
 from handlerkit.archive.inspect import ArchiveInfo, FileInfo, inspect_archive
-from handlerkit.archive.pack import plan
+from handlerkit.archive.pack import LeftOut, PackedFile, Plan, plan
 from handlerkit.archive.read import is_archive, read_manifest
-from handlerkit.archive.rules import RULES, ArchiveError, Limits
-from handlerkit.archive.write import FORMATS
-from handlerkit.archive.write import write as _write
+from handlerkit.archive.rules import NEVER_SWEPT, RULES, ArchiveError, Limits
+from handlerkit.archive.write import check_options
 
 __all__ = [
     "ArchiveError",
     "ArchiveInfo",
     "ExtractedArchive",
     "FileInfo",
+    "LeftOut",
     "Limits",
+    "NEVER_SWEPT",
+    "PackedFile",
+    "Plan",
     "RULES",
     "build",
     "context_from_mar",
@@ -61,6 +76,7 @@ __all__ = [
     "is_archive",
     "open_mar",
     "open_temporary",
+    "plan",
     "read_manifest",
 ]
 
@@ -85,9 +101,10 @@ def build(
     """Build a model archive with the manifest ``torch-model-archiver`` 0.12 would write.
 
     Args:
-        source: a model dir, whose files are all archived (less ``MAR-INF/``,
-            ``__pycache__``, dot-folders, ``*.pyc``, ``*.mar``) and whose manifest (or the one
-            inferred from its files) gives every default; or None, to give the files one by one.
+        source: a model dir, whose manifest (or the one inferred from its files) gives every
+            default and which contributes the files its manifest references and what they
+            evidently need (an unpacked ``.mar``: every file; see :mod:`~handlerkit.archive.pack`);
+            or None, to give the files one by one. :func:`plan` says what goes in and why.
         output_dir: where the archive goes (created if missing).
         model_name: the archive's and the model's name (default: the manifest's, else the
             dir's); ``^[A-Za-z0-9][A-Za-z0-9_\\-.]*$``.
@@ -97,7 +114,8 @@ def build(
             base names and named in the manifest. Relative paths are looked up in ``source``
             first, then in the working directory.
         extra_files: files (to the root), folders (their contents, sub-folders kept) and globs;
-            a string is split on commas, as ``--extra-files``.
+            a string is split on commas, as ``--extra-files``. A folder or glob holding a hidden
+            or secret-looking file (:data:`NEVER_SWEPT`) is refused; name that file to pack it.
         version: ``modelVersion`` (default: the manifest's, else ``"1.0"``).
         archive_format: ``"default"`` (``<name>.mar``, a zip), ``"tgz"`` (``<name>.tar.gz``),
             ``"no-archive"`` (the folder ``<name>/``) or ``"zip-store"`` (a zip, nothing deflated).
@@ -111,18 +129,14 @@ def build(
 
     Raises:
         ArchiveError: a missing input file (``missing-file``), no handler (``no-handler``), a
-            bad model name, two files with one archive name (``name-collision``), a manifest
-            naming a file that is not archived, or an existing output without ``force``.
+            bad model name, two files with one archive name (``name-collision``), a hidden or
+            secret-looking file swept in (``secret-file``), a manifest naming a file that is
+            not archived, or an existing output without ``force``.
     """
-    if archive_format not in FORMATS:
-        raise ValueError(f"archive_format must be one of {sorted(FORMATS)}: got {archive_format!r}")
-    if compression not in ("auto", "deflate", "store"):
-        raise ValueError(f"compression must be 'auto', 'deflate' or 'store': got {compression!r}")
-    out_dir = Path(output_dir).expanduser()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ArchiveError(f"output dir {out_dir} is a file", out_dir, rule="exists", fix="pass a folder")
+    check_options(archive_format, compression)
     planned = plan(
         source,
+        output_dir,
         model_name=model_name,
         handler=handler,
         model_file=model_file,
@@ -131,12 +145,5 @@ def build(
         requirements_file=requirements_file,
         config_file=config_file,
         version=version,
-        output_dir=out_dir,
     )
-    output = out_dir / f"{planned.model_name}{FORMATS[archive_format]}"
-    if output.exists() and not force:
-        raise ArchiveError(f"{output} already exists", output, rule="exists",
-                           fix="pass force=True (--force) to replace it, or choose another output dir")  # fmt: skip
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return _write(planned.files, planned.manifest, output, archive_format=archive_format, compression=compression,
-                 progress=progress)
+    return planned.write(archive_format, force=force, compression=compression, progress=progress)
