@@ -183,6 +183,23 @@ def test_a_handler_that_is_not_python_is_packed_with_a_note(tmp_path: Path) -> N
     assert "note: handler.py was not scanned for local imports: SyntaxError (line 1)" in str(plan)
 
 
+def test_files_named_one_by_one_are_packed_as_the_archiver_packs_them_with_a_note_on_their_imports(
+    project: Path, tmp_path: Path
+) -> None:
+    alone = archive.plan(None, tmp_path / "o", model_name="m", handler=str(project / "handler.py"))
+    assert [f.name for f in alone.files] == ["handler.py"] and alone.left_out == []
+    assert alone.notes == [f"shapes_labels.py, shapes_text/ in {project}: imported by handler.py, shapes_labels.py but "
+                           "not packed; name them with --extra-files (extra_files=), or archive the model dir they "
+                           "belong to"]  # fmt: skip
+    plan = archive.plan(None, tmp_path / "o", model_name="m", handler=str(project / "handler.py"),
+                        extra_files=[str(project / "shapes_labels.py")])  # fmt: skip
+    assert [f.name for f in plan.files] == ["handler.py", "shapes_labels.py"]
+    assert plan.notes == [f"shapes_text/ in {project}: imported by shapes_labels.py but not packed; name them with "
+                          "--extra-files (extra_files=), or archive the model dir they belong to"]  # fmt: skip
+    (tmp_path / "h.py").write_text(HANDLER_PY)
+    assert archive.plan(None, tmp_path / "o", model_name="m", handler=str(tmp_path / "h.py")).notes == []
+
+
 # ---------------------------------------------------------------------------------- never swept in
 @pytest.mark.parametrize("name", [".env", ".env.production", ".netrc", ".npmrc", ".pypirc", ".gitignore", "server.pem",
                                   "tls.KEY", "id_rsa", "id_ed25519.pub", "credentials.json", "store.p12", "cert.pfx",

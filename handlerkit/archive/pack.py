@@ -3,7 +3,8 @@
 Files named one by one (``source=None``) are packed as ``torch-model-archiver`` 0.12 packs
 them: the handler file, ``model_file``, ``serialized_file``, ``requirements_file``,
 ``config_file`` and ``extra_files`` (files to the archive's root under their base names,
-folders' contents with their sub-folders, globs' matches), nothing else.
+folders' contents with their sub-folders, globs' matches), nothing else; a packed ``.py``
+file that imports modules beside it which are not packed gets a note (:attr:`Plan.notes`).
 
 From a model dir, what is packed depends on what the dir is:
 
@@ -252,7 +253,7 @@ def plan(
     model["handler"] = os.path.basename(spec)
     _add_extras(chosen, extra_files, src, keep_places=unpacked)
     left_out: list[LeftOut] = []
-    notes: list[str] = []
+    notes: list[str] = [] if src is not None else _imports_left_behind(chosen)
     if src is not None:
         _add_referenced(chosen, src, model)
         if unpacked:
@@ -440,6 +441,27 @@ def _add_needed(chosen: _Chosen, src: Path) -> list[str]:
         for rel, path in _sweep(target)[0]:
             if not secret_looking(path.name):
                 chosen.add(f"{target.name}/{rel}", path, reason, explicit=False)
+    return notes
+
+
+def _imports_left_behind(chosen: _Chosen) -> list[str]:
+    """For files named one by one: the modules beside the packed ``.py`` files that they import
+    and that are not packed (the archiver packs only what is named; the worker will not find them)."""
+    notes = []
+    packed = chosen.sources()
+    folders: dict[Path, list[tuple[str, Path]]] = {}
+    for f in chosen.files.values():
+        if f.name.endswith(".py"):
+            folders.setdefault(f.source.parent, []).append((f.name, f.source))
+    for folder, starts in folders.items():
+        found, _ = local_imports(folder, starts)
+        missing = {t: importer for t, importer in found.items() if os.path.realpath(t) not in packed
+                   and not any(p.startswith(os.path.realpath(t) + os.sep) for p in packed)}  # fmt: skip
+        if missing:
+            names = ", ".join(t.name + ("/" if t.is_dir() else "") for t in missing)
+            notes.append(f"{names} in {folder}: imported by {', '.join(sorted(set(missing.values())))} but not "
+                         "packed; name them with --extra-files (extra_files=), or archive the model dir they "
+                         "belong to")  # fmt: skip
     return notes
 
 
