@@ -5,6 +5,9 @@
   loopback, started and stopped with tests/_ts_server.py's helpers), which answers what
   ``Harness.run`` on the same archive (``MockContext.from_mar``) predicts, and reports the
   manifest's version and the archived model config.
+- So is a ``.tar.gz`` built from a project's model dir (no manifest; a training script and a
+  ``.env`` beside the model): the handler imports a module of the dir, which the archive holds
+  because the handler imports it, and the worker finds it.
 
 The other way round (an archive built by the real ``torch-model-archiver`` opens in handlerkit
 with the same manifest) needs no server: tests/test_archive.py.
@@ -12,6 +15,7 @@ with the same manifest) needs no server: tests/test_archive.py.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,24 @@ class Shapes(ImageClassifier):
     pass
 '''
 
-FORMS = {"shapes_mar": "default", "shapes_tgz": "tgz", "shapes_dir": "no-archive"}
+#: A handler importing a module of its model dir (TorchServe wants one class in the handler module).
+PROJECT_HANDLER = '''\
+from shapes_base import ShapesBase
+
+
+class Shapes(ShapesBase):
+    pass
+'''
+PROJECT_FILES = {
+    "handler.py": PROJECT_HANDLER,
+    "shapes_base.py": "from handlerkit.handlers.image_classifier import ImageClassifier\n\n\n"
+                      "class ShapesBase(ImageClassifier):\n    pass\n",
+    "train.py": "raise SystemExit('not for serving')\n",
+    ".env": "TOKEN=secret\n",
+}
+
+#: Model name -> archive format; shapes_project is built from a project's model dir, the others from DEMO.
+FORMS = {"shapes_mar": "default", "shapes_tgz": "tgz", "shapes_dir": "no-archive", "shapes_project": "tgz"}
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +77,22 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     handler.parent.mkdir()
     handler.write_text(HANDLER)
     store = root / "store"
-    return {
+    project = root / "project"
+    project.mkdir()
+    for name in ("model.py", "model.pt", "model-config.yaml", "index_to_name.json"):
+        shutil.copy(DEMO / name, project / name)
+    for name, text in PROJECT_FILES.items():
+        (project / name).write_text(text)
+    built = {
         name: archive.build(DEMO, store, model_name=name, handler=str(handler), version="2.5", archive_format=fmt)
-        for name, fmt in FORMS.items()
+        for name, fmt in FORMS.items() if name != "shapes_project"
     }
+    built["shapes_project"] = archive.build(project, store, model_name="shapes_project", version="2.5",
+                                            archive_format=FORMS["shapes_project"])  # fmt: skip
+    packed = {f.name for f in archive.inspect_archive(built["shapes_project"]).files}
+    assert packed == {"handler.py", "shapes_base.py", "model.py", "model.pt", "model-config.yaml", "index_to_name.json",
+                      "MAR-INF/MANIFEST.json"}  # fmt: skip
+    return built
 
 
 @pytest.fixture(scope="module")

@@ -55,11 +55,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.loading": 2,
     "handlerkit.isolation": 2,
     "handlerkit.formats": 2,
-    "handlerkit.archive": 2,
-    "handlerkit._archive_extract": 2,
-    "handlerkit._archive_read": 2,
-    "handlerkit._archive_rules": 2,
-    "handlerkit._archive_write": 2,
+    "handlerkit.archive": 2,  # a package: rules, pack, write, read, extract, inspect
     # 3. handlers
     "handlerkit.handlers": 3,
     # 4. the front door: a model and its handler, loaded as the worker loads them

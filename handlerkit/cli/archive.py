@@ -1,4 +1,9 @@
-"""``handlerkit archive [SOURCE] -o OUTDIR``: build a ``.mar`` (:func:`handlerkit.archive.build`)."""
+"""``handlerkit archive [SOURCE] -o OUTDIR``: build a ``.mar`` (:func:`handlerkit.archive.build`).
+
+Prints the archive written, every file packed with its size and why it is in, the model dir's
+files left out, and the ``torchserve`` command that serves it; ``--json`` gives the same as
+data (:meth:`handlerkit.archive.Plan.to_dict` plus the path, format, size and time).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,11 @@ HELP = "build a .mar (or a no-archive dir, or a .tar.gz)"
 DESCRIPTION = (
     "Build a model archive from SOURCE (a model dir: its MAR-INF/MANIFEST.json, or files named as "
     "handlerkit infers them) and/or from the files named by the options, with the "
-    "MAR-INF/MANIFEST.json torch-model-archiver 0.12 writes. Weights that are already compressed "
-    "are stored as they are, so big models archive fast. The options are torch-model-archiver's."
+    "MAR-INF/MANIFEST.json torch-model-archiver 0.12 writes. From a model dir, the files its manifest "
+    "references, the local modules they import and index_to_name.json are packed, and everything else "
+    "is named as left out (an unpacked .mar, with MAR-INF/MANIFEST.json, is packed whole); hidden and "
+    "secret-looking files (.env, *.pem, id_rsa...) are never swept in. Weights are stored as they are and "
+    "text is deflated, so big models archive fast. The options are torch-model-archiver's."
 )
 FORMATS = ("default", "no-archive", "tgz", "zip-store")  # handlerkit.archive's, not imported for --help
 
@@ -32,7 +40,8 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     files.add_argument("--serialized-file", metavar="FILE", help="the weights: .pt, .pth, .onnx, .pt2 ...")
     files.add_argument("--extra-files", metavar="FILES", action="append", default=[],
                        help="more files (to the root), folders (their contents) or globs, comma-separated; "
-                       "may be repeated")
+                       "may be repeated. A folder or glob holding a hidden or secret-looking file is refused; "
+                       "a file named here is packed")
     files.add_argument("--requirements-file", metavar="FILE", help="a requirements.txt installed by TorchServe")
     files.add_argument("--config-file", metavar="YAML", help="the model-config.yaml")
     files.add_argument("--version", dest="model_version", metavar="VERSION",
@@ -54,10 +63,11 @@ def command(args: argparse.Namespace) -> Outcome:
         raise InputError(f"SOURCE {args.source} {what}: give the model dir to archive")
     if args.source is None and not (args.model_name and args.handler):
         raise InputError("give SOURCE (a model dir), or --model-name and --handler with the model's files")
-    from handlerkit.archive import build, read_manifest
+    from handlerkit._text import format_bytes
+    from handlerkit.archive import plan
 
     start = time.perf_counter()
-    path = build(
+    planned = plan(
         args.source,
         args.output_dir,
         model_name=args.model_name,
@@ -68,24 +78,18 @@ def command(args: argparse.Namespace) -> Outcome:
         requirements_file=args.requirements_file,
         config_file=args.config_file,
         version=args.model_version,
-        archive_format=args.archive_format,
-        force=args.force,
-        compression=args.compression,
-        progress=args.progress,
     )
+    path = planned.write(args.archive_format, force=args.force, compression=args.compression, progress=args.progress)
     seconds = time.perf_counter() - start
-    manifest = read_manifest(path)
     size = _size(os.fspath(path))
-    from handlerkit._text import format_bytes
-
-    name = manifest.get("model", {}).get("modelName") or os.path.basename(os.fspath(path))
     store = os.path.dirname(os.path.abspath(path))
     text = (
-        f"wrote {path} ({format_bytes(size)}) in {seconds:.2f} s\n"
-        f"serve it: torchserve --start --ncs --model-store {store} --models {name}={os.path.basename(os.fspath(path))}"
+        f"wrote {path} ({format_bytes(size)}) in {seconds:.2f} s\n{planned}\n"
+        f"serve it: torchserve --start --ncs --model-store {store} "
+        f"--models {planned.model_name}={os.path.basename(os.fspath(path))}"
     )
     data = {"path": os.fspath(path), "format": args.archive_format, "bytes": size, "seconds": seconds,
-            "manifest": manifest}
+            **planned.to_dict()}
     return Outcome(OK, text, data)
 
 

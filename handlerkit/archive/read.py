@@ -1,11 +1,11 @@
-"""Listing a model archive and checking it, without writing anything.
+"""Reading a model archive without writing anything: sniffing, listing, checking, the manifest.
 
 A ``.mar`` is a zip (``torch-model-archiver --archive-format default``); ``--archive-format
 tgz`` writes a gzipped tar whose files sit under one ``<model name>/`` folder. Whoever built
 the archive, :func:`list_archive` reads only its directory (the zip's central directory and
 each entry's local header; the tar's headers) and the manifest, and collects every broken rule
-(:data:`~handlerkit._archive_rules.RULES`), so that :func:`handlerkit._archive_extract.extract`
-refuses before writing a byte. Zip-bomb limits (:class:`~handlerkit._archive_rules.Limits`)
+(:data:`~handlerkit.archive.rules.RULES`), so that :func:`handlerkit.archive.extract.extract`
+refuses before writing a byte. Zip-bomb limits (:class:`~handlerkit.archive.rules.Limits`)
 are checked on the sizes the archive declares.
 """
 
@@ -20,7 +20,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from handlerkit._archive_rules import (
+from handlerkit._text import format_bytes
+from handlerkit.archive.rules import (
     MANIFEST,
     REBUILD,
     RULES,
@@ -33,9 +34,11 @@ from handlerkit._archive_rules import (
     normalise,
     parse_manifest,
 )
-from handlerkit._text import format_bytes
 
-__all__ = ["list_archive", "read_manifest_entry", "sniff"]
+__all__ = ["SUFFIXES", "is_archive", "list_archive", "read_manifest", "read_manifest_entry", "sniff", "stem"]
+
+#: The names an archive file goes by.
+SUFFIXES = (".mar", ".tar.gz", ".tgz", ".zip")
 
 
 # ------------------------------------------------------------------------------------ sniffing
@@ -51,6 +54,21 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
     if head[:2] == b"\x1f\x8b":
         return "tgz"
     return None
+
+
+def is_archive(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file to open as an archive: by its name or its first bytes."""
+    p = Path(path)
+    return p.is_file() and (p.name.lower().endswith(SUFFIXES) or sniff(p) is not None)
+
+
+def stem(path: Path) -> str:
+    """The archive's name without its suffix: ``shapes.tar.gz`` -> ``shapes``."""
+    name = path.name
+    for suffix in SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
 
 
 def _problem(listing: Listing, rule: str, message: str, member: str | None = None, fix: str | None = None) -> None:
@@ -335,3 +353,18 @@ def read_manifest_entry(listing: Listing) -> dict[str, Any]:
                        member=MANIFEST, fix=REBUILD)  # fmt: skip
 
 
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a ``.mar``, a ``.tar.gz`` (without extracting) or a model dir.
+
+    For a model dir without ``MAR-INF/MANIFEST.json``, the manifest handlerkit infers from its
+    files (:func:`handlerkit.modeldir.infer_manifest`).
+
+    Raises:
+        ArchiveError: not an archive, unreadable, or no (valid) manifest.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        from handlerkit.modeldir import infer_manifest, read_manifest as read_json
+
+        return read_json(p / MANIFEST) if (p / MANIFEST).is_file() else infer_manifest(p)[0]
+    return read_manifest_entry(list_archive(p))

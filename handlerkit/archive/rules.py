@@ -1,12 +1,16 @@
 """The rules a model archive must keep, the error that names the one broken, and the manifest.
 
-Shared by reading (:mod:`handlerkit._archive_read`), extracting
-(:mod:`handlerkit._archive_extract`) and building (:mod:`handlerkit._archive_write`); the
-public names are re-exported by :mod:`handlerkit.archive`.
+Also the files no archive sweeps in (:data:`NEVER_SWEPT`): hidden files and names that look
+like secrets.
+
+Shared by reading (:mod:`handlerkit.archive.read`), extracting
+(:mod:`handlerkit.archive.extract`) and building (:mod:`handlerkit.archive.pack`); the public
+names are re-exported by :mod:`handlerkit.archive`.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import posixpath
@@ -18,8 +22,8 @@ from typing import Any
 from handlerkit.errors import ModelLoadError
 
 __all__ = [
-    "MANIFEST", "RULES", "ArchiveError", "Entry", "Limits", "Listing", "handler_file", "manifest_problems",
-    "normalise", "name_problem", "parse_manifest",
+    "MANIFEST", "NEVER_SWEPT", "RULES", "ArchiveError", "Entry", "Limits", "Listing", "handler_file",
+    "manifest_problems", "normalise", "name_problem", "parse_manifest", "secret_looking",
 ]  # fmt: skip
 
 MANIFEST = "MAR-INF/MANIFEST.json"
@@ -45,6 +49,40 @@ RULES: dict[str, str] = {
     "manifest-file-missing": "the manifest names a file the archive does not hold",
 }
 
+#: Files a folder, a glob or a model dir never sweeps into an archive (pattern -> why),
+#: matched on the file's name, case-insensitively. torch-model-archiver packs
+#: them all from an ``--extra-files`` folder; building refuses instead (rule ``secret-file``)
+#: or, for a model dir, leaves them out and names them. A file named explicitly is packed;
+#: ``.git`` never is.
+NEVER_SWEPT: dict[str, str] = {
+    ".env": "looks like environment secrets",
+    ".env.*": "looks like environment secrets",
+    ".netrc": "looks like login credentials",
+    ".npmrc": "looks like a registry token",
+    ".pypirc": "looks like a package index token",
+    ".git*": "belongs to version control",
+    "*.pem": "looks like a private key or certificate",
+    "*.key": "looks like a private key",
+    "id_rsa*": "looks like an SSH key",
+    "id_dsa*": "looks like an SSH key",
+    "id_ecdsa*": "looks like an SSH key",
+    "id_ed25519*": "looks like an SSH key",
+    "*.p12": "looks like a key store",
+    "*.pfx": "looks like a key store",
+    "credentials*": "looks like credentials",
+    ".*": "is a hidden file",
+}
+
+
+def secret_looking(name: str) -> str | None:
+    """Why a file name is never swept in (``"looks like a private key (*.key)"``), or None."""
+    lowered = name.lower()
+    for pattern, what in NEVER_SWEPT.items():
+        if fnmatch.fnmatchcase(lowered, pattern):
+            return f"{what} ({pattern})"
+    return None
+
+
 # What TorchServe 0.12's frontend (ModelArchive.validate) refuses to load without.
 _REQUIRED = ("modelName", "modelVersion")
 _REQUIRED_TOP = ("runtime", "archiverVersion", "createdOn")
@@ -57,7 +95,8 @@ class ArchiveError(ModelLoadError):
     Attributes:
         path: the archive (or the file at fault when building).
         rule: a key of :data:`RULES` (building adds ``exists``, ``missing-file``,
-            ``no-handler``, ``model-name``, ``name-collision``).
+            ``no-handler``, ``model-name``, ``name-collision`` and ``secret-file``: a folder,
+            a glob or an unpacked ``.mar`` would sweep in a file of :data:`NEVER_SWEPT`).
         member: the entry at fault, when there is one.
         problems: every problem found (this one first); opening reports them together.
     """
