@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlerkit._describe import describe
+from handlerkit.summaries import describe
 
 __all__ = ["STAGES", "HANDLER_STAGES", "Problem", "check_output", "check_statuses", "response_statuses", "skipped_stages"]
 

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
-from handlerkit._reports import Reports
+from handlerkit.diagnostics.reports import Reports
 from handlerkit.recording import failures, spy
 from handlerkit.recording.capture import Capture, ListHandler, enable_info_logs
 from handlerkit.recording.recorder import Recorder

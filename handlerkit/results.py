@@ -10,9 +10,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlerkit._describe import TensorInfo, describe, iter_tensors, tensor_infos
+from handlerkit.summaries import TensorInfo, describe, iter_tensors, tensor_infos
 from handlerkit._render import Rendered, Table
-from handlerkit._summary import tensor_summary
+from handlerkit.summaries import tensor_summary
 from handlerkit._text import format_bytes
 from handlerkit.errors import StageError
 

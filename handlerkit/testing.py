@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from handlerkit._compare import Difference, differences, shown
-from handlerkit._describe import describe
+from handlerkit.summaries import describe
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
 from handlerkit.contract import Problem, check_statuses, response_statuses

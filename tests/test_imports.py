@@ -31,11 +31,10 @@ LAYERS: dict[str, int] = {
     "handlerkit._text": 1,
     "handlerkit._render": 1,
     "handlerkit._stack": 1,
-    "handlerkit._describe": 1,
+    "handlerkit.summaries": 1,
     "handlerkit._optional": 1,
     "handlerkit._validate": 1,
     "handlerkit._progress": 1,
-    "handlerkit._summary": 1,
     "handlerkit._compare": 1,
     # 2. the TorchServe model
     "handlerkit.devices": 2,
@@ -67,7 +66,6 @@ LAYERS: dict[str, int] = {
     "handlerkit.diagnostics": 6,
     # 7. the Harness
     "handlerkit.harness": 7,
-    "handlerkit._reports": 7,
     # 8. front ends
     "handlerkit.cli": 8,
     "handlerkit.viz": 8,

@@ -256,7 +256,7 @@ def test_an_unforeseen_failure_names_what_came(monkeypatch):
 def test_import_handlerkit_imports_neither_matplotlib_nor_ipywidgets():
     code = (
         "import sys, handlerkit, handlerkit.viz, handlerkit.results\n"
-        "from handlerkit._summary import summary\n"
+        "from handlerkit.summaries import summary\n"
         "import torch; summary(torch.ones(2))\n"
         "print(sorted(m for m in ('matplotlib', 'ipywidgets', 'torchvision') if m in sys.modules))\n"
     )

@@ -213,7 +213,7 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
         import dataclasses
 
         return jsonable(dataclasses.asdict(value), _depth + 1)
-    from handlerkit._describe import describe
+    from handlerkit.summaries import describe
 
     return describe(value)
 
@@ -231,7 +231,7 @@ def one_line(exc: BaseException) -> str:
 
 def stage_rows_of(stages: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Stage results (a run's ``stages``) as JSON rows."""
-    from handlerkit._describe import describe
+    from handlerkit.summaries import describe
 
     return [
         {

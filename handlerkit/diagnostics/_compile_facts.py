@@ -12,7 +12,7 @@ import sys
 import warnings
 from typing import Any
 
-from handlerkit._describe import iter_tensors
+from handlerkit.summaries import iter_tensors
 from handlerkit._text import suggestion
 from handlerkit.contract import Problem
 from handlerkit.diagnostics._compile_gate import eager_model

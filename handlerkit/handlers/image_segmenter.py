@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from handlerkit._describe import describe
+from handlerkit.summaries import describe
 from handlerkit.errors import HandlerkitError
 from handlerkit.handlers._pipeline import IMAGENET_MEAN, IMAGENET_STD, ResizeCropNormalize
 from handlerkit.handlers.base import timed

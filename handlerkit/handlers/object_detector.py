@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from handlerkit._describe import describe
+from handlerkit.summaries import describe
 from handlerkit.errors import ConfigError, HandlerkitError, RequestError
 from handlerkit.handlers.base import HandlerDecisions, timed
 from handlerkit.handlers.vision import VisionHandler

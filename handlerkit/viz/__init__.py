@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlerkit._describe import describe
+from handlerkit.summaries import describe
 from handlerkit._optional import require
-from handlerkit._summary import summary
+from handlerkit.summaries import summary
 from handlerkit.errors import HandlerkitError
 from handlerkit.results import Run
 

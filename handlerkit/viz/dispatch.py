@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from handlerkit._describe import describe, tensor_head
-from handlerkit._summary import no_values, summary, tensor_summary
+from handlerkit.summaries import describe, tensor_head
+from handlerkit.summaries import no_values, summary, tensor_summary
 from handlerkit.errors import HandlerkitError
 from handlerkit.results import Run, StageResult
 from handlerkit.viz.bars import bars_panel, dict_bars_panel, values_panel

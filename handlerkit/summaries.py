@@ -1,25 +1,106 @@
-"""One-line tensor summaries: what a ``lovely-tensors`` line tells, for every tensor we print.
+"""One-line descriptions of the values that flow between stages, for tables, reprs and errors.
 
-``summary(x)`` gives ``Tensor[2, 3, 224, 224] float32 cpu n=301056 (1.1 MiB) min=-2.118
-max=2.64 mean=-0.4121 std=1.003`` plus ``NaN=`` / ``+Inf=`` / ``-Inf=`` counts and ``all
-zeros`` when they apply; for a list or dict, one line per tensor under its path.
+- :func:`describe`: type and shape in a phrase, cheap enough for every table row:
+  ``Tensor[2, 3] float32 cpu``, ``list[2] of dict(3 keys)``;
+- :func:`summary`: a ``lovely-tensors``-style line with statistics, for every tensor we print:
+  ``Tensor[2, 3, 224, 224] float32 cpu n=301056 (1.1 MiB) min=-2.118 max=2.64 mean=-0.4121
+  std=1.003`` plus ``NaN=`` / ``+Inf=`` / ``-Inf=`` counts and ``all zeros`` when they apply;
+  for a list or dict, one line per tensor under its path;
+- :func:`iter_tensors` / :func:`tensor_infos`: where the tensors inside a value are
+  (``[0]["boxes"]``, ``.scores``) and where they live.
 
-The reductions run where the tensor lives and only a handful of scalars come back, in one
-transfer (one synchronisation on an accelerator): a GPU tensor is never copied to the host.
-Tensors without values (``meta``, the fake tensors of compile tracing) give shape, dtype and
-device only; any other tensor whose statistics cannot be computed says why instead of raising.
-Computed only when something is rendered: never on the harness's hot path.
+The statistics' reductions run where the tensor lives and only a handful of scalars come back,
+in one transfer (one synchronisation on an accelerator): a GPU tensor is never copied to the
+host. Tensors without values (``meta``, the fake tensors of compile tracing) give shape, dtype
+and device only; any other tensor whose statistics cannot be computed says why instead of
+raising. Statistics are computed only when something is rendered, never on the harness's hot
+path. Nothing here imports torch: a value can hold a tensor only once torch is imported.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from handlerkit._describe import describe, iter_tensors, tensor_head
 from handlerkit._text import format_bytes
 
-__all__ = ["no_values", "summary", "tensor_summary"]
+__all__ = ["TensorInfo", "describe", "dtype_name", "iter_tensors", "no_values", "summary", "tensor_head", "tensor_infos",
+           "tensor_summary"]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor of a stage's input or output lives."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+def iter_tensors(value: Any, path: str = "", limit: int = 64) -> Iterator[tuple[str, Any]]:
+    """``(path, tensor)`` for the tensors inside a (nested) value: ``[0]["boxes"]``, ``.scores``
+    (a NamedTuple's field) ...; a bare tensor's path is ``"<value>"``. At most ``limit`` tensors, six levels deep."""
+    if "torch" not in sys.modules:
+        return
+    import torch
+
+    found = 0
+
+    def walk(v: Any, p: str, depth: int) -> Iterator[tuple[str, Any]]:
+        nonlocal found
+        if found >= limit or depth > 6:
+            return
+        if isinstance(v, torch.Tensor):
+            found += 1
+            yield p or "<value>", v
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                yield from walk(item, f"{p}[{k!r}]", depth + 1)
+        elif isinstance(v, (list, tuple)):
+            names = getattr(v, "_fields", None)  # a NamedTuple: by field name
+            for i, item in enumerate(v[:limit]):
+                yield from walk(item, f"{p}.{names[i]}" if names else f"{p}[{i}]", depth + 1)
+
+    yield from walk(value, path, 0)
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.float32`` → ``"float32"``."""
+    return str(dtype).replace("torch.", "")
+
+
+def tensor_head(t: Any) -> str:
+    """``Tensor[2, 3] float32 cpu``: the start of every line that names a tensor."""
+    if t.is_nested:  # a nested tensor has no single shape
+        return f"NestedTensor[{t.size(0)} tensors] {dtype_name(t.dtype)} {t.device}"
+    return f"Tensor{list(t.shape)} {dtype_name(t.dtype)} {t.device}"
+
+
+def tensor_infos(value: Any, path: str = "", limit: int = 64) -> list[TensorInfo]:
+    """The tensors inside a (nested) value, by path: ``[0]["boxes"]`` ..."""
+    return [
+        TensorInfo(p, () if t.is_nested else tuple(t.shape), dtype_name(t.dtype), str(t.device))
+        for p, t in iter_tensors(value, path, limit)
+    ]
+
+
+def describe(value: Any, _depth: int = 0) -> str:
+    """A short type/shape description of a stage value: ``Tensor[2, 3] float32 cpu``,
+    ``list[2] of dict(3 keys)`` (four levels deep at most)."""
+    first = next(iter_tensors(value, limit=1), None)
+    if first is not None and first[0] == "<value>":
+        return tensor_head(first[1])
+    if isinstance(value, (list, tuple)):
+        inner = (describe(value[0], _depth + 1) if _depth < 4 else "...") if value else ""
+        return f"{type(value).__name__}[{len(value)}]" + (f" of {inner}" if inner else "")
+    if isinstance(value, dict):
+        return f"dict({len(value)} keys)"
+    if value is None:
+        return "None"
+    return type(value).__name__
 
 
 def summary(value: Any, *, limit: int = 32) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from handlerkit._summary import summary, tensor_summary
+from handlerkit.summaries import summary, tensor_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
@@ -211,7 +211,7 @@ def test_run_table_prints_summaries_and_a_table_for_tensors_inside_outputs(class
 
 def test_summaries_are_computed_when_printed_never_during_a_run(monkeypatch):
     import handlerkit as hk
-    import handlerkit._summary as module
+    import handlerkit.summaries as module
 
     calls = []
     real = module._statistics
