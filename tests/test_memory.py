@@ -88,6 +88,32 @@ def test_vmhwm_is_reset_per_block() -> None:
 
 
 @linux_vmhwm
+def test_the_quick_peak_read_is_used_only_above_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """getrusage's ru_maxrss is max(a floor fixed at exec, VmHWM): a tracker takes it only above
+    the floor's known bound; a floor above (a process spawned by a bigger one) sends it back to
+    /proc/self/status, and the peak is right either way."""
+    status_reads = []
+    real_status, real_maxrss = memory._hwm_and_rss, memory._maxrss
+    monkeypatch.setattr(memory, "_hwm_and_rss", lambda: status_reads.append(1) or real_status())
+    with MemoryTracker(end=False) as quick:
+        _transient()
+    assert status_reads == [] and quick.cpu_end_bytes is None  # the floor's bound was learnt small
+    assert quick.cpu_peak_delta_bytes is not None and 0.9 * SIZE <= quick.cpu_peak_delta_bytes < 2 * SIZE
+    floor = 64 * 2**40  # a floor above anything this process will ever hold
+    monkeypatch.setattr(memory, "_maxrss", lambda: max(floor, real_maxrss()))
+    monkeypatch.setattr(memory, "_floor_at_most", float("inf"))
+    with MemoryTracker() as careful:
+        _transient()
+    assert status_reads == [1] and memory._floor_at_most == floor
+    assert careful.cpu_peak_bytes is not None and careful.cpu_peak_bytes < floor
+    assert careful.cpu_peak_delta_bytes is not None and 0.9 * SIZE <= careful.cpu_peak_delta_bytes < 2 * SIZE
+    with MemoryTracker() as idle:  # and no transient is invented where there was none
+        pass
+    assert idle.cpu_peak_delta_bytes is not None and idle.cpu_peak_delta_bytes < SIZE // 4
+    assert idle.cpu_end_bytes is not None and abs(idle.cpu_end_bytes - idle.cpu_start_bytes) < SIZE // 4
+
+
+@linux_vmhwm
 def test_nested_trackers_keep_the_outer_peak() -> None:
     with MemoryTracker() as outer:
         _transient()  # freed before the inner tracker resets the high-water mark

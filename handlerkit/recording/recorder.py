@@ -74,7 +74,7 @@ class Recorder:
         w0, l0, m0 = len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0
         memory = None
         if self.track_memory and threading.get_ident() == self._owner:
-            memory = lap.memory = MemoryTracker(device=self.device).__enter__()
+            memory = lap.memory = MemoryTracker(device=self.device, end=False).__enter__()
         # On CPU two clock reads; an accelerator needs the synchronising Timer.
         timer = Timer(self.device).start() if self.sync else None
         t0 = time.perf_counter_ns()
