@@ -27,7 +27,7 @@ def _in_kernel() -> bool:
     if shell is None:
         return False
     try:
-        ip = shell.get_ipython()  # type: ignore[attr-defined]
+        ip = shell.get_ipython()
     except Exception:
         return False
     return ip is not None and "IPKernelApp" in getattr(ip, "config", {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
@@ -11,7 +12,8 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning point at the first caller outside handlerkit
     (the user's notebook cell or handler), however deep inside handlerkit it is issued."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
         frame, level = frame.f_back, level + 1
     return level

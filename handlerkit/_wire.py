@@ -148,10 +148,10 @@ def encode_inference(requests: Iterable[tuple[str, Mapping[str, str], Iterable[T
             _put(out, key.encode("utf-8"))
             _put(out, value.encode("utf-8"))
         out += struct.pack("!i", -1)
-        for name, value, content_type in params:
+        for name, payload, content_type in params:
             _put(out, name.encode("utf-8"))
             _put(out, (content_type or "").encode("utf-8"))
-            _put(out, value)
+            _put(out, payload)
         out += struct.pack("!i", -1)
     out += struct.pack("!i", -1)
     return bytes(out)

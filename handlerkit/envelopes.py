@@ -37,7 +37,7 @@ _V2_DATATYPES = {
     "object": "BYTES", "U": "BYTES",
 }
 # What the request builder infers from plain Python values (first match wins).
-_PY_DATATYPES = [({bool}, "BOOL"), ({int}, "INT64"), ({int, float}, "FP64"), ({str}, "BYTES")]
+_PY_DATATYPES: list[tuple[set[type], str]] = [({bool}, "BOOL"), ({int}, "INT64"), ({int, float}, "FP64"), ({str}, "BYTES")]
 
 
 class Envelope:

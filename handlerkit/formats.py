@@ -428,7 +428,7 @@ def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt
             for x in example_inputs
         )
     batch = torch.export.Dim("batch", min=1, max=1024)
-    dynamic_shapes = tuple({0: batch} for _ in example_inputs) if dynamic_batch else None
+    dynamic_shapes: Any = tuple({0: batch} for _ in example_inputs) if dynamic_batch else None
     if fmt == "eager":
         torch.save(model.state_dict(), path)
     elif fmt == "torchscript":

@@ -91,12 +91,11 @@ class Harness(Reports):
             if envelope is not None and envelope != handler.envelope_name:
                 raise ValueError("a Service brings its own envelope: open it with envelope=..., not the Harness")
             self.service = handler
-            self._spied = self.handler is not None and spy.spy_on(self.handler)
         else:
-            self._spied = False
-            self.service = Service(handler, context, envelope=envelope, build=self._build)
-            if self.handler is not None and not self._spied:  # an instance given as it is
-                self._spied = spy.spy_on(self.handler)
+            self.service = Service(handler, context, envelope=envelope, build=_build_spied)
+        # Built as the spied class already (a class or spec), or given the spied class now (an
+        # instance, a Service opened elsewhere): stage calls inside handle reach the recorder.
+        self._spied = self.handler is not None and spy.spy_on(self.handler)
         self.track_memory = track_memory
         self.capture_logs = capture_logs
         if capture_logs:
@@ -127,18 +126,8 @@ class Harness(Reports):
         ``model_name``, ``envelope`` …). An archive's temporary dir lives until
         ``h.service.close()``.
         """
-        harness = cls.__new__(cls)
-        service = Service.open(model, handler=handler, build=harness._build, **options)
-        harness.__init__(service, track_memory=track_memory, capture_logs=capture_logs)
-        return harness
-
-    # -- construction ------------------------------------------------------------------
-    def _build(self, cls: type) -> Any:
-        """``cls()``, built as its spied subclass so that objects made in ``__init__`` that keep
-        its stage methods (TorchServe's MicroBatching) call through to the recorder."""
-        spied = spy.spied_class(cls)
-        self._spied = spied is not None
-        return (spied or cls)()
+        service = Service.open(model, handler=handler, build=_build_spied, **options)
+        return cls(service, track_memory=track_memory, capture_logs=capture_logs)
 
     # -- what the service holds ----------------------------------------------------------
     @property
@@ -240,6 +229,13 @@ class Harness(Reports):
         capture = Capture(self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry)
         self._capture = capture.__enter__()
         return capture
+
+    @property
+    def _current_capture(self) -> Capture:
+        """The capture a run or step opened (it is open whenever a stage runs)."""
+        if self._capture is None:
+            raise HandlerkitError("no capture is open: a stage ran outside a run or step")
+        return self._capture
 
     def _close_capture(self, capture: Capture | None) -> None:
         if capture is not None:
@@ -390,7 +386,8 @@ class Harness(Reports):
         capture = self._open_capture()
         try:
             recorder = self._recorder()
-            marks = (len(self._capture.warnings), len(self._capture.logs), recorder.metrics.mark() if recorder.metrics is not None else 0)
+            current = self._current_capture
+            marks = (len(current.warnings), len(current.logs), recorder.metrics.mark() if recorder.metrics is not None else 0)
             data, entry, error, output = batch.data, self.entry, None, None
             spied = self._spied
             if spied:
@@ -435,7 +432,7 @@ class Harness(Reports):
 
     def _handle_result(self, data: Any, output: Any, handle_ms: float, marks: tuple[int, int, int], recorder: Recorder) -> StageResult:
         """The single ``handle`` stage of a run in which handle called no stage method."""
-        capture, metrics = self._capture, recorder.metrics
+        capture, metrics = self._current_capture, recorder.metrics
         records = metrics.since(marks[2]) if metrics is not None else []
         result = StageResult("handle", data, output, handle_ms, warnings=capture.warnings[marks[0]:],
                              logs=capture.logs[marks[1]:], metrics=records, source=recorder.source)
@@ -472,3 +469,10 @@ class Harness(Reports):
     def __repr__(self) -> str:
         done = ", ".join(f"{k}{'' if v.ok else '!'}" for k, v in self.results.items()) or "nothing run yet"
         return f"<Harness {self.name}: {done}>"
+
+
+def _build_spied(cls: type) -> Any:
+    """``cls()``, built as its spied subclass (:mod:`handlerkit.recording.spy`) so that objects
+    made in ``__init__`` that keep its stage methods (TorchServe's MicroBatching) call through to
+    the recorder."""
+    return (spy.spied_class(cls) or cls)()

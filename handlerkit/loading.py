@@ -161,6 +161,7 @@ def resolve_handler(
 
     module_part, _, function_part = text.partition(":")  # TorchServe: handler.split(":", 1)
     function_name = function_part or None
+    scope: str | None
     if _is_file_spec(module_part):
         module, scope, origin = _import_file_spec(text, module_part, mdir)
     else:
@@ -219,9 +220,10 @@ def _import_file_spec(spec: str, module_part: str, mdir: str | None) -> tuple[Mo
             f"name and {stem!r} is not a valid module name",
             fix=f"rename it to {_identifier(stem)}.py",
         )
-    module = _import_by_name(spec, stem, fdir)
-    if module is None:  # pragma: no cover - the file exists, so only a race gets here
+    imported = _import_by_name(spec, stem, fdir)
+    if imported is None:  # pragma: no cover - the file exists, so only a race gets here
         raise HandlerLoadError(f"handler {spec!r}: {found} vanished while importing it")
+    module = imported
     return module, fdir, "model_dir"
 
 

@@ -357,7 +357,7 @@ class RecordingMetrics:
             )
         kind = _metric_type(metric_type, strict=self.config is not None)
         spec = self.config.get(metric_name, kind) if self.config is not None else None
-        if spec is not None and (unit, tuple(dimension_names or ())) != (spec.unit, spec.dimensions):
+        if spec is not None and self.config is not None and (unit, tuple(dimension_names or ())) != (spec.unit, spec.dimensions):
             warnings.warn(
                 f"handlerkit: add_metric_to_cache({metric_name!r}) replaces the {kind.value} that "
                 f"{self.config.source} declares (unit {spec.unit!r}, dimensions "

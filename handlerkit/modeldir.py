@@ -105,6 +105,7 @@ def read_model_dir(
         )
     model_dir = model_dir.resolve()
     manifest_path = model_dir / _MANIFEST
+    inferred: dict[str, str]
     if manifest_path.is_file():
         manifest, inferred = read_manifest(manifest_path), {}
     else:

@@ -179,7 +179,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_REGEN_STATE, None)
-    testing = sys.modules.get("handlerkit.testing")
+    testing: Any = sys.modules.get("handlerkit.testing")
     if state is not None and testing is not None:
         testing._regen = state[0]
         del testing.written[state[1]:]

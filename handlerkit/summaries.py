@@ -162,11 +162,12 @@ def no_values(t: Any) -> str | None:
 
     if t.is_meta:
         return "meta tensor: no values"
+    fake: Any
     try:
-        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.fake_tensor import FakeTensor as fake
     except ImportError:  # pragma: no cover - the private path moved
-        FakeTensor = ()  # noqa: N806
-    if isinstance(t, FakeTensor):
+        fake = ()
+    if isinstance(t, fake):
         return "fake tensor (compile tracing): no values"
     compiling = getattr(torch.compiler, "is_compiling", None)
     if compiling is not None and compiling():

@@ -245,7 +245,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def context_from_mar(cls: type, path: str | os.PathLike[str], *, limits: Limits | None = None, **kwargs: Any) -> Any:
+def context_from_mar(cls: Any, path: str | os.PathLike[str], *, limits: Limits | None = None, **kwargs: Any) -> Any:
     """``MockContext.from_mar``: the archive opened into a temp dir that lives as long as the context.
 
     The :class:`ExtractedArchive` is kept as ``ctx.archive``: its dir is removed when the

@@ -89,6 +89,7 @@ class ArchiveInfo(Rendered):
 
     def _tables(self) -> list[Table]:
         tables = []
+        rows: list[tuple[Any, ...]]
         if self.manifest is not None:
             rows = [(k, v) for k, v in self.manifest.items() if k != "model"]
             rows += [(f"model.{k}", v) for k, v in self.manifest.get("model", {}).items()]
@@ -143,6 +144,7 @@ def _inspect_dir(path: Path) -> ArchiveInfo:
             full = Path(root, name)
             files.append(FileInfo(full.relative_to(path).as_posix(), full.stat().st_size))
     manifest_path = path / MANIFEST
+    inferred: dict[str, str]
     if manifest_path.is_file():
         manifest, inferred = read_json(manifest_path), {}
     else:

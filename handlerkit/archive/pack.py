@@ -238,8 +238,9 @@ def plan(
     given = {"modelFile": model_file, "serializedFile": serialized_file, "requirementsFile": requirements_file,
              "configFile": config_file}  # fmt: skip
     for key in FILE_KEYS:
-        if given[key]:
-            path = _find(given[key], src, key)
+        named = given[key]
+        if named:
+            path = _find(named, src, key)
             chosen.add(path.name, path, f"the manifest's {key}", explicit=True)
             model[key] = path.name
     spec = handler or model.get("handler")

@@ -165,6 +165,8 @@ def _check_local_headers(listing: Listing, zf: zipfile.ZipFile, infos: list[zipf
     spans: list[tuple[int, int, str]] = []
     end_of_data = zf.start_dir
     fp = zf.fp
+    if fp is None:  # a closed ZipFile: nothing to check against
+        return
     for info in infos:
         name = info.orig_filename
         fp.seek(info.header_offset)

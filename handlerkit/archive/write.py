@@ -152,7 +152,7 @@ def _write_tgz(
     mtime = int(time.time())
     with open(staging, "xb") as raw:
         gz = _GzipStream(raw, name.removesuffix(".gz"), mtime)  # names <name>.tar, as tarfile's header would
-        with tarfile.open(fileobj=gz, mode="w", copybufsize=_CHUNK, dereference=True) as tf:
+        with tarfile.TarFile(fileobj=gz, mode="w", copybufsize=_CHUNK, dereference=True) as tf:  # type: ignore[arg-type]
             for rel, path in files.items():
                 info = tf.gettarinfo(str(path), arcname=f"{top}/{rel}")
                 info.uid = info.gid = 0

@@ -134,7 +134,7 @@ def _refuse_unknown_command(parser: argparse.ArgumentParser, argv: Sequence[str]
 
 def _refuse_extra(args: argparse.Namespace, extra: Sequence[str], parser: argparse.ArgumentParser) -> NoReturn:
     """Unknown arguments, reported by the subcommand they were given to, with the likeliest option."""
-    command = args.subparsers.get(args.name, parser) if args.name else parser
+    command: argparse.ArgumentParser = args.subparsers.get(args.name, parser) if args.name else parser
     options = [o for action in command._actions for o in action.option_strings]  # argparse has no public list
     unknown = next((e.partition("=")[0] for e in extra if e.startswith("--")), None)
     hint = suggestion(unknown, options, prefix=True) if unknown else ""
@@ -153,7 +153,7 @@ def _one_line_warnings() -> Iterator[None]:
             return f"handlerkit: warning: {text[len('handlerkit: '):]}\n"
         return f"handlerkit: warning: {category.__name__}: {text} ({filename}:{lineno})\n"
 
-    warnings.formatwarning = formatted  # type: ignore[assignment]
+    warnings.formatwarning = formatted
     try:
         yield
     finally:

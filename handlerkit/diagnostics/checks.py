@@ -107,9 +107,9 @@ class CheckReport(Rendered):
 def _rng_states() -> Iterator[None]:
     """Put the Python, NumPy and torch random states back after the checks' seeded runs."""
     python_state = random.getstate()
-    numpy = sys.modules.get("numpy")
+    numpy: Any = sys.modules.get("numpy")
     numpy_state = numpy.random.get_state() if numpy is not None else None
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     torch_state = torch.random.get_rng_state() if torch is not None else None
     cuda_states = torch.cuda.get_rng_state_all() if torch is not None and torch.cuda.is_initialized() else None
     try:
@@ -167,8 +167,8 @@ def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, show
     report = CheckReport(handler=harness.name, batch_size=len(batch))
     try:
         ensure_initialized(harness)
-    except StageError as error:
-        report.problems.append(_runs_problem(error))
+    except StageError as failed:
+        report.problems.append(_runs_problem(failed))
         return report
     with diagnostic_runs(harness), _rng_states(), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -363,7 +363,7 @@ def _timer(view: HarnessView, handler: Any, batch: Any, run: Any, stage: str) ->
         def call() -> float:
             with Timer(device) as timer:
                 handler.inference(data)
-            return timer.device_or_wall_ms
+            return timer.device_or_wall_ms or 0.0  # set once the block has run
 
         return call
     return lambda: stage_ms(view.run(batch), stage)

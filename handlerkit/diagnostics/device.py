@@ -37,8 +37,8 @@ def fp32_precision_state() -> dict[str, str]:
 
     return {
         "matmul (cuda)": str(torch.backends.cuda.matmul.fp32_precision),
-        "cudnn conv": str(torch.backends.cudnn.conv.fp32_precision),
-        "cudnn rnn": str(torch.backends.cudnn.rnn.fp32_precision),
+        "cudnn conv": str(torch.backends.cudnn.conv.fp32_precision),  # type: ignore[attr-defined]
+        "cudnn rnn": str(torch.backends.cudnn.rnn.fp32_precision),  # type: ignore[attr-defined]
     }
 
 
@@ -128,7 +128,7 @@ def build_device_report(harness: HarnessView) -> DeviceReport:
     handler = harness.handler
     decisions = getattr(handler, "decisions", None)
     device = getattr(handler, "device", None)
-    if decisions is not None and getattr(decisions, "device", ""):
+    if decisions is not None and getattr(decisions, "device", None):
         reason, available, tf32, fmt = decisions.device_reason, decisions.available, decisions.tf32, decisions.model_format
     else:  # TorchServe's own handlers and function handlers record nothing: derive
         reason = "chosen by the handler (it does not record why)"

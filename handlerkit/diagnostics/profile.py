@@ -327,6 +327,7 @@ def _stage_ranges(handler: Any, record_function: Callable[[str], Any]) -> Iterat
     installed: dict[str, Any] = {}
     try:
         for stage in HANDLER_STAGES if own is not None else ():
+            assert own is not None  # for the type checker: the loop runs only then
             target = getattr(handler, stage, None)
             static = inspect.getattr_static(type(handler), stage, None)
             if not callable(target) or hasattr(type(static), "__set__"):

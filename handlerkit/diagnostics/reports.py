@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from handlerkit.batches import Batch
+
+if TYPE_CHECKING:
+    from handlerkit.diagnostics._view import HarnessView
 
 __all__ = ["Reports"]
 
@@ -23,28 +26,28 @@ class Reports:
         """Per-stage min / median / p90 / mean over ``repeat`` runs (device-synchronised)."""
         from handlerkit.diagnostics.timing import time_stages
 
-        return time_stages(self, Batch.coerce(batch_or_data), warmup=warmup, repeat=repeat, progress=progress)
+        return time_stages(self._view, Batch.coerce(batch_or_data), warmup=warmup, repeat=repeat, progress=progress)
 
     def sweep(self, batch_or_data: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8), warmup: int = 2, repeat: int = 10,
               *, progress: bool | None = None) -> Any:
         """Latency and throughput per stage for each batch size (requests repeated to size)."""
         from handlerkit.diagnostics.timing import sweep_stages
 
-        return sweep_stages(self, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, warmup=warmup, repeat=repeat,
+        return sweep_stages(self._view, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, warmup=warmup, repeat=repeat,
                             progress=progress)
 
     def device_report(self) -> Any:
         """Device chosen and why, accelerators, TF32, where parameters and stage tensors live."""
         from handlerkit.diagnostics.device import build_device_report
 
-        return build_device_report(self)
+        return build_device_report(self._view)
 
     def check(self, batch_or_data: Any, *, atol: float = 1e-4, rtol: float = 1e-4, progress: bool | None = None) -> Any:
         """Contract checks: output shape/type, statuses, batch parity, request encodings, and for
         a compiled model the recompile gate."""
         from handlerkit.diagnostics.checks import run_checks
 
-        return run_checks(self, Batch.coerce(batch_or_data), atol=atol, rtol=rtol, progress=progress)
+        return run_checks(self._view, Batch.coerce(batch_or_data), atol=atol, rtol=rtol, progress=progress)
 
     def compile_report(self, batch_or_data: Any, *, batch_sizes: Sequence[int] | None = None, repeat: int = 10,
                        warmup: int = 1, progress: bool | None = None) -> Any:
@@ -53,7 +56,7 @@ class Reports:
         with ``batch_sizes`` the deploy-time gate: will traffic of those sizes recompile?"""
         from handlerkit.diagnostics.compile import compile_report
 
-        return compile_report(self, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, repeat=repeat,
+        return compile_report(self._view, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, repeat=repeat,
                               warmup=warmup, progress=progress)
 
     def profile(self, batch_or_data: Any, *, top: int = 10, record_shapes: bool = False,
@@ -62,5 +65,10 @@ class Reports:
         Chrome/Perfetto trace."""
         from handlerkit.diagnostics.profile import profile_stages
 
-        return profile_stages(self, Batch.coerce(batch_or_data), top=top, record_shapes=record_shapes,
+        return profile_stages(self._view, Batch.coerce(batch_or_data), top=top, record_shapes=record_shapes,
                               trace=trace, progress=progress)
+
+    @property
+    def _view(self) -> HarnessView:
+        """This object as the diagnostics read it (the Harness that mixes this class in is one)."""
+        return cast("HarnessView", self)

@@ -71,8 +71,9 @@ def token_attributions(model: Any, indices: torch.Tensor, target: int, *, baseli
     module = getattr(model, "_orig_mod", model)  # a torch.compile'd model: explain its eager module
     embedding = getattr(module, "embedding", None) if isinstance(module, torch.nn.Module) else None
     if isinstance(embedding, torch.nn.EmbeddingBag):
-        stand_in: torch.nn.Module | None = _TokenwiseBag(embedding)
-        layer = stand_in.tokens
+        bag = _TokenwiseBag(embedding)
+        stand_in: torch.nn.Module | None = bag
+        layer: torch.nn.Module = bag.tokens
     elif isinstance(embedding, torch.nn.Embedding):
         stand_in, layer = None, embedding
     else:

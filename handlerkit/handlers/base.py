@@ -282,10 +282,10 @@ class BaseHandler:
             if setting is False or want:
                 precision = "tf32" if want else "ieee"
                 torch.backends.cuda.matmul.fp32_precision = precision
-                torch.backends.cudnn.conv.fp32_precision = precision
+                torch.backends.cudnn.conv.fp32_precision = precision  # type: ignore[attr-defined]  # torch's stubs lag its API
                 state["applied"] = True
         state["matmul"] = torch.backends.cuda.matmul.fp32_precision
-        state["cudnn_conv"] = torch.backends.cudnn.conv.fp32_precision
+        state["cudnn_conv"] = torch.backends.cudnn.conv.fp32_precision  # type: ignore[attr-defined]
         return state
 
     def _apply_compile(self, pt2: Any) -> CompileDecision:

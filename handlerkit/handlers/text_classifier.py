@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from handlerkit.errors import RequestError
+from handlerkit.errors import HandlerkitError, RequestError
 from handlerkit.handlers._text_explain import token_attributions
 from handlerkit.handlers.base import HandlerDecisions, timed
 from handlerkit.handlers.request_errors import error_item, put_back, set_status
@@ -99,7 +99,13 @@ class TextClassifier(TextHandler):
         importances = token_attributions(
             self.model, text_preprocess, target, baseline_index=vocab.unk_index if vocab is not None else 0
         )
-        words = list(raw_input) if raw_input is not None else [vocab.itos[i] for i in text_preprocess.tolist()]
+        if raw_input is not None:
+            words = list(raw_input)
+        elif vocab is not None:
+            words = [vocab.itos[i] for i in text_preprocess.tolist()]
+        else:
+            raise HandlerkitError("explanations need the raw text or a vocabulary; this handler has neither",
+                                  fix="load a vocabulary in initialize (source_vocab)")
         return {"words": words, "importances": importances.tolist()}
 
     def _target(self, row: Any, index: int) -> int:

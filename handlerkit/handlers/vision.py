@@ -116,7 +116,7 @@ class VisionHandler(BaseHandler):
 
     def initialize(self, context: Any) -> None:
         super().initialize(context)
-        self.ig = None  # captum's IntegratedGradients, made on the first explanation
+        self.ig: Any = None  # captum's IntegratedGradients, made on the first explanation
 
     def _initialize(self, context: Any, decisions: HandlerDecisions) -> None:
         super()._initialize(context, decisions)

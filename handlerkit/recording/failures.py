@@ -187,9 +187,9 @@ def stage_of(exc: BaseException, handler: Any) -> str:
     found = "handle"
     tb: TracebackType | None = exc.__traceback__
     while tb is not None:
-        stage = codes.get(tb.tb_frame.f_code)
-        if stage is not None:
-            found = stage
+        seen = codes.get(tb.tb_frame.f_code)
+        if seen is not None:
+            found = seen
         tb = tb.tb_next
     return found
 

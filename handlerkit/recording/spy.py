@@ -86,11 +86,11 @@ def _reduce_as(cls: type, owner: list[type]) -> Callable[..., Any]:
     """Copies and pickles of a spied handler are of its own class (pass-through anyway)."""
 
     def __reduce_ex__(self: Any, protocol: Any) -> Any:
-        reduced = super(owner[0], self).__reduce_ex__(protocol)
+        reduced = super(owner[0], self).__reduce_ex__(protocol)  # type: ignore[arg-type]
         if not isinstance(reduced, tuple) or len(reduced) < 2:
             return reduced
         args = tuple(cls if arg is owner[0] else arg for arg in reduced[1])
-        if reduced[0] is copyreg.__newobj__:  # pickle insists on the object's own class there
+        if reduced[0] is getattr(copyreg, "__newobj__", None):  # pickle insists on the object's own class there
             return (_new_object, args, *reduced[2:])
         return (reduced[0], args, *reduced[2:])
 

@@ -247,7 +247,7 @@ def _embedding_bag(value: Any) -> tuple[Any, Any] | None:
 
     offsets = fields.get("offsets")
     ids = next((v for k, v in fields.items() if k != "offsets" and ints_1d(v)), None)
-    if ids is None or not ints_1d(offsets) or offsets.is_meta or ids.is_meta:
+    if ids is None or offsets is None or not ints_1d(offsets) or offsets.is_meta or ids.is_meta:
         return None
     return ids, offsets
 

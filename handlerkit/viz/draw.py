@@ -51,7 +51,7 @@ def figure(panels: Sequence[Panel], title: str | None = None) -> Any:
     widths = [max(row[c].size[0] for row in rows if c < len(row)) for c in range(columns)]
     heights = [max(p.size[1] for p in row) for row in rows]
     extra = 0.35 if title else 0.0
-    with matplotlib.rc_context(STYLE):
+    with matplotlib.rc_context(STYLE):  # type: ignore[arg-type]  # matplotlib's stubs list the keys as Literals
         fig = Figure(figsize=(sum(widths), sum(heights) + extra), layout="constrained")
         if title:
             fig.suptitle(_t(_wrap(title, 30 * columns + 20)), fontsize=10, fontweight="bold")

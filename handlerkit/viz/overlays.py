@@ -66,16 +66,14 @@ def segmentation_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     x, n_note = first(x, ctx.max_images, "images")
     x, step = shrink(x, cell_side(x.shape[0]))
     if x.dim() == 4 and x.dtype == torch.bool:  # one mask per class, overlapping allowed
-        counts = x.flatten(2).sum(2).sum(0)
+        tally = dict(enumerate(x.flatten(2).sum(2).sum(0).tolist()))
         masks_of = lambda i, c: x[i, c]  # noqa: E731
     else:
         classes = x.float().nan_to_num(nan=-torch.inf).argmax(1) if x.dim() == 4 else x.long()
         values, counts = torch.unique(classes, return_counts=True)
-        counts = dict(zip(values.tolist(), counts.tolist()))
+        tally = dict(zip(values.tolist(), counts.tolist()))
         masks_of = lambda i, c: classes[i] == c  # noqa: E731
-    if isinstance(counts, torch.Tensor):
-        counts = dict(enumerate(counts.tolist()))
-    present = [c for c, n in sorted(counts.items(), key=lambda kv: -kv[1]) if n > 0]
+    present = [c for c, n in sorted(tally.items(), key=lambda kv: -kv[1]) if n > 0]
     present = sorted([c for c in present if c >= 0 and not ctx.view.is_background(c)][:MAX_CLASSES])
     drawn, notes = [], [n for n in (n_note, f"every {step}th pixel" if step > 1 else "") if n]
     height, width = x.shape[-2], x.shape[-1]
@@ -144,7 +142,8 @@ def detections_panel(items: list[Any], ctx: Context, title: str) -> Panel:
     shown = items[: ctx.max_images]
     side = cell_side(len(shown))
     notes = [f"first {len(shown)} of {len(items)} images"] if len(shown) < len(items) else []
-    drawn, total, named = [], 0, {}
+    drawn, total = [], 0
+    named: dict[Any, Any] = {}
     font = _font()
     for i, item in enumerate(shown):
         boxes, texts, colours, masks = _box_rows(item, ctx, named)
