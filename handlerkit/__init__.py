@@ -42,30 +42,62 @@ _EXPORTS = {
     "summary": "handlerkit.viz",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# Literal, so tools read it; tests/test_imports.py checks it names exactly what _EXPORTS serves.
+__all__ = [
+    "BaseHandler",
+    "Batch",
+    "ConfigError",
+    "HandlerLoadError",
+    "HandlerkitError",
+    "HandlerkitWarning",
+    "Harness",
+    "MockContext",
+    "ModelConfig",
+    "ModelLoadError",
+    "PredictionException",
+    "Request",
+    "RequestError",
+    "RequestProcessor",
+    "Run",
+    "Service",
+    "StageError",
+    "StageResult",
+    "Stepper",
+    "__version__",
+    "batch",
+    "handlers",
+    "load_config",
+    "resolve_handler",
+    "show",
+    "summary",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from handlerkit import handlers
-    from handlerkit.config import ModelConfig, load_config
-    from handlerkit.context import MockContext, RequestProcessor
-    from handlerkit.errors import (
-        ConfigError,
-        HandlerkitError,
-        HandlerkitWarning,
-        HandlerLoadError,
-        ModelLoadError,
-        PredictionException,
-        StageError,
-    )
-    from handlerkit.handlers.base import BaseHandler
-    from handlerkit.harness import Harness
-    from handlerkit.service import Service
-    from handlerkit.results import Run, StageResult
-    from handlerkit.loading import resolve_handler
-    from handlerkit.batches import Batch, batch
-    from handlerkit.requests import Request
-    from handlerkit.viz import show, summary
-    from handlerkit.widgets import Stepper
+    from handlerkit import handlers as handlers
+    from handlerkit.batches import Batch as Batch
+    from handlerkit.batches import batch as batch
+    from handlerkit.config import ModelConfig as ModelConfig
+    from handlerkit.config import load_config as load_config
+    from handlerkit.context import MockContext as MockContext
+    from handlerkit.context import RequestProcessor as RequestProcessor
+    from handlerkit.errors import ConfigError as ConfigError
+    from handlerkit.errors import HandlerkitError as HandlerkitError
+    from handlerkit.errors import HandlerkitWarning as HandlerkitWarning
+    from handlerkit.errors import HandlerLoadError as HandlerLoadError
+    from handlerkit.errors import ModelLoadError as ModelLoadError
+    from handlerkit.errors import PredictionException as PredictionException
+    from handlerkit.errors import RequestError as RequestError
+    from handlerkit.errors import StageError as StageError
+    from handlerkit.handlers.base import BaseHandler as BaseHandler
+    from handlerkit.harness import Harness as Harness
+    from handlerkit.loading import resolve_handler as resolve_handler
+    from handlerkit.requests import Request as Request
+    from handlerkit.results import Run as Run
+    from handlerkit.results import StageResult as StageResult
+    from handlerkit.service import Service as Service
+    from handlerkit.viz import show as show
+    from handlerkit.viz import summary as summary
+    from handlerkit.widgets import Stepper as Stepper
 
 
 def __getattr__(name: str) -> Any:

@@ -43,13 +43,13 @@ from handlerkit.errors import ConfigError, HandlerkitWarning
 from handlerkit.pt2 import TORCHSERVE_PT2_BACKENDS, Pt2Config, _parse_pt2
 
 __all__ = [
+    "SERVER_KEYS",
+    "TORCHSERVE_PT2_BACKENDS",
     "HandlerSettings",
     "ModelConfig",
     "Pt2Config",
     "load_config",
     "parse_config",
-    "SERVER_KEYS",
-    "TORCHSERVE_PT2_BACKENDS",
 ]
 
 

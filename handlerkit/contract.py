@@ -21,7 +21,7 @@ from typing import Any
 
 from handlerkit.summaries import describe
 
-__all__ = ["STAGES", "HANDLER_STAGES", "Problem", "check_output", "check_statuses", "response_statuses", "skipped_stages"]
+__all__ = ["HANDLER_STAGES", "STAGES", "Problem", "check_output", "check_statuses", "response_statuses", "skipped_stages"]
 
 #: The stage methods of TorchServe's BaseHandler that ``handle`` runs, in order.
 HANDLER_STAGES = ("preprocess", "inference", "postprocess")

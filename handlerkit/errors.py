@@ -17,14 +17,14 @@ import sys
 from typing import Any
 
 __all__ = [
-    "HandlerkitError",
     "ConfigError",
     "HandlerLoadError",
-    "ModelLoadError",
-    "StageError",
-    "PredictionException",
+    "HandlerkitError",
     "HandlerkitWarning",
+    "ModelLoadError",
+    "PredictionException",
     "RequestError",
+    "StageError",
 ]
 
 

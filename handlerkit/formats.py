@@ -31,7 +31,7 @@ from typing import Any
 from handlerkit._optional import require
 from handlerkit.errors import ModelLoadError
 
-__all__ = ["LoadedModel", "OnnxModel", "detect_format", "load_model", "export_model", "FORMATS"]
+__all__ = ["FORMATS", "LoadedModel", "OnnxModel", "detect_format", "export_model", "load_model"]
 
 FORMATS = ("eager", "torchscript", "onnx", "aoti", "aoti-so", "export")
 

@@ -29,17 +29,17 @@ import copy
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+from handlerkit._stack import user_stacklevel
+from handlerkit.batches import Batch
+from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
 from handlerkit.diagnostics.reports import Reports
+from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.recording import failures, spy
 from handlerkit.recording.capture import Capture, ListHandler, enable_info_logs
 from handlerkit.recording.recorder import Recorder
-from handlerkit._stack import user_stacklevel
-from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
-from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
-from handlerkit.batches import Batch
 from handlerkit.results import Run, StageResult
 from handlerkit.service import Service
 from handlerkit.timer import Timer
@@ -404,7 +404,7 @@ class Harness(Reports):
             handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
             lap = recorder.failed(error) if error is not None else None
-            if not built or error is not None and lap is None:  # handle ran no stage, or failed outside them
+            if not built or (error is not None and lap is None):  # handle ran no stage, or failed outside them
                 built.append(self._handle_result(data, output, handle_ms, marks, recorder))
             if error is not None:
                 stage = lap.stage if lap is not None else "handle"

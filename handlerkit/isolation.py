@@ -134,7 +134,7 @@ def _belongs(module: Any, model_dir: str, key: str | None = None) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _installed_prefixes() -> tuple[str, ...]:
-    paths = set(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    paths = {sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     with contextlib.suppress(Exception):
         paths.update(site.getsitepackages())
     with contextlib.suppress(Exception):

@@ -34,7 +34,7 @@ from handlerkit import devices as _device
 from handlerkit._text import format_bytes
 from handlerkit.devices import device_kind
 
-__all__ = ["MemoryTracker", "rss_bytes", "format_bytes", "cpu_method", "METHODS"]
+__all__ = ["METHODS", "MemoryTracker", "cpu_method", "format_bytes", "rss_bytes"]
 
 METHODS = ("vmhwm", "sampling", "unavailable", "disabled")
 """The values of :attr:`MemoryTracker.method`."""
@@ -217,22 +217,22 @@ class MemoryTracker:
     """
 
     __slots__ = (
-        "device",
-        "kind",
-        "enabled",
-        "method",
-        "interval_s",
-        "_cuda",
-        "_sampler",
         "_cpu_seen",
+        "_cuda",
         "_cuda_seen",
+        "_sampler",
         "_track_end",
-        "cpu_start_bytes",
-        "cpu_peak_bytes",
         "cpu_end_bytes",
-        "cuda_start_bytes",
-        "cuda_peak_bytes",
+        "cpu_peak_bytes",
+        "cpu_start_bytes",
         "cuda_end_bytes",
+        "cuda_peak_bytes",
+        "cuda_start_bytes",
+        "device",
+        "enabled",
+        "interval_s",
+        "kind",
+        "method",
     )
 
     def __init__(

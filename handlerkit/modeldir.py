@@ -29,8 +29,8 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.errors import ConfigError, HandlerkitWarning, ModelLoadError
 
 __all__ = [
-    "ModelDir",
     "WEIGHTS_SUFFIXES",
+    "ModelDir",
     "infer_manifest",
     "read_config",
     "read_manifest",

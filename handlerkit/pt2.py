@@ -27,7 +27,7 @@ from typing import Any, Literal
 from handlerkit._text import suggestion
 from handlerkit._validate import Findings, describe
 
-__all__ = ["Pt2Config", "Pt2Schema", "TORCHSERVE_PT2_BACKENDS", "compile_modes"]
+__all__ = ["TORCHSERVE_PT2_BACKENDS", "Pt2Config", "Pt2Schema", "compile_modes"]
 
 #: Backend names TorchServe 0.12 accepts (``ts.utils.util.PT2Backend``); with any other name it
 #: logs "<name> is not a supported backend" and serves the model uncompiled.

@@ -10,11 +10,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlerkit.summaries import TensorInfo, describe, iter_tensors, tensor_infos
 from handlerkit._render import Rendered, Table
-from handlerkit.summaries import tensor_summary
 from handlerkit._text import format_bytes
 from handlerkit.errors import StageError
+from handlerkit.summaries import TensorInfo, describe, iter_tensors, tensor_infos, tensor_summary
 
 __all__ = ["LogEntry", "Run", "StageResult", "TensorInfo"]
 

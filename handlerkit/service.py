@@ -41,7 +41,8 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch

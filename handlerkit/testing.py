@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from handlerkit._compare import Difference, differences, shown
-from handlerkit.summaries import describe
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
 from handlerkit.contract import Problem, check_statuses, response_statuses
 from handlerkit.errors import HandlerkitWarning, StageError
+from handlerkit.summaries import describe
 
 __all__ = ["RequestFiles", "assert_batch_parity", "assert_contract", "assert_matches_golden", "label_request"]
 

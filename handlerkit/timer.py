@@ -66,7 +66,7 @@ class Timer:
         synchronized: whether the device was synchronised around the block.
     """
 
-    __slots__ = ("device", "kind", "_sync", "_events", "_t0", "wall_ms", "device_ms", "synchronized")
+    __slots__ = ("_events", "_sync", "_t0", "device", "device_ms", "kind", "synchronized", "wall_ms")
 
     def __init__(self, device: Any = None) -> None:
         self.device = device

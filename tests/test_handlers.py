@@ -24,7 +24,7 @@ def test_importing_the_package_imports_no_handler_module_and_no_torch():
 def test_every_name_is_the_class_of_its_module():
     from handlerkit.handlers.image_segmenter import ImageSegmenter
 
-    assert handlers.__all__ == sorted(handlers.__all__)
+    assert handlers.__all__ == sorted(handlers.__all__) == sorted(handlers._EXPORTS)
     for name in handlers.__all__:
         cls = getattr(handlers, name)
         assert cls.__name__ == name and issubclass(cls, handlers.BaseHandler)

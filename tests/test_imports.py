@@ -242,3 +242,19 @@ def test_importing_every_module_changes_nothing_outside_the_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", out.stdout
+
+
+def test_the_facade_lists_exactly_what_it_serves():
+    """``__all__`` is a literal (linters and IDEs read it); it must name what ``__getattr__``
+    serves, and the type checker's imports must cover the same names."""
+    import handlerkit
+
+    assert sorted(handlerkit.__all__) == sorted([*handlerkit._EXPORTS, "__version__"])
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    typed = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             for alias in node.names if node.module and node.module.startswith("handlerkit")}
+    typed |= {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              and node.module == "handlerkit" for alias in node.names}
+    assert typed == set(handlerkit._EXPORTS)
+    for name in handlerkit.__all__:
+        assert getattr(handlerkit, name) is not None

@@ -60,16 +60,16 @@ from handlerkit.archive.rules import NEVER_SWEPT, RULES, ArchiveError, Limits
 from handlerkit.archive.write import check_options
 
 __all__ = [
+    "NEVER_SWEPT",
+    "RULES",
     "ArchiveError",
     "ArchiveInfo",
     "ExtractedArchive",
     "FileInfo",
     "LeftOut",
     "Limits",
-    "NEVER_SWEPT",
     "PackedFile",
     "Plan",
-    "RULES",
     "build",
     "context_from_mar",
     "inspect_archive",

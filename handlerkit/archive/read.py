@@ -11,6 +11,7 @@ are checked on the sizes the archive declares.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import struct
@@ -189,7 +190,7 @@ def _check_local_headers(listing: Listing, zf: zipfile.ZipFile, infos: list[zipf
                      "end of the archive's data", name, fix=f"download or copy it again, or {REBUILD}")  # fmt: skip
         spans.append((info.header_offset, end, name))
     spans.sort()
-    for (_, end, name), (start, _, following) in zip(spans, spans[1:]):
+    for (_, end, name), (start, _, following) in itertools.pairwise(spans):
         if start < end:
             _problem(listing, "zip-bomb", f"{following!r} starts inside the data of {name!r}: entries sharing "
                      "their data make an archive expand far beyond its size", following, fix=REBUILD)  # fmt: skip
@@ -366,7 +367,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     p = Path(path).expanduser()
     if p.is_dir():
-        from handlerkit.modeldir import infer_manifest, read_manifest as read_json
+        from handlerkit.modeldir import infer_manifest
+        from handlerkit.modeldir import read_manifest as read_json
 
         return read_json(p / MANIFEST) if (p / MANIFEST).is_file() else infer_manifest(p)[0]
     return read_manifest_entry(list_archive(p))

@@ -22,8 +22,19 @@ from typing import Any
 from handlerkit.errors import ModelLoadError
 
 __all__ = [
-    "MANIFEST", "NEVER_SWEPT", "RULES", "ArchiveError", "Entry", "Limits", "Listing", "handler_file",
-    "manifest_problems", "normalise", "name_problem", "parse_manifest", "secret_looking",
+    "MANIFEST",
+    "NEVER_SWEPT",
+    "RULES",
+    "ArchiveError",
+    "Entry",
+    "Limits",
+    "Listing",
+    "handler_file",
+    "manifest_problems",
+    "name_problem",
+    "normalise",
+    "parse_manifest",
+    "secret_looking",
 ]  # fmt: skip
 
 MANIFEST = "MAR-INF/MANIFEST.json"

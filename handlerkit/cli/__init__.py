@@ -27,7 +27,7 @@ from handlerkit._text import suggestion
 from handlerkit.cli._common import FAILED, USAGE, InputError, Outcome, jsonable, one_line, output_options
 from handlerkit.cli.demo import demo_paths
 
-__all__ = ["main", "demo_paths"]
+__all__ = ["demo_paths", "main"]
 
 #: The subcommands, in the order ``--help`` lists them, and their modules (``time`` is in
 #: ``timing.py``: a ``time`` attribute on this package would read like the standard module).

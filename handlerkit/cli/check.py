@@ -7,8 +7,17 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import FAILED, OK, Outcome, add_model_arguments, header, jsonable, loaded, problem_rows
-from handlerkit.cli._common import requests
+from handlerkit.cli._common import (
+    FAILED,
+    OK,
+    Outcome,
+    add_model_arguments,
+    header,
+    jsonable,
+    loaded,
+    problem_rows,
+    requests,
+)
 
 HELP = "check a handler against TorchServe's contract on files"
 DESCRIPTION = (

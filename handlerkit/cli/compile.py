@@ -7,8 +7,19 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import FAILED, OK, Outcome, add_model_arguments, header, jsonable, loaded
-from handlerkit.cli._common import non_negative, positive, requests, sizes
+from handlerkit.cli._common import (
+    FAILED,
+    OK,
+    Outcome,
+    add_model_arguments,
+    header,
+    jsonable,
+    loaded,
+    non_negative,
+    positive,
+    requests,
+    sizes,
+)
 
 HELP = "report on torch.compile: cost, graph breaks, recompiles, the gate"
 DESCRIPTION = (

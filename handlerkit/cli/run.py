@@ -7,8 +7,19 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import FAILED, OK, Loaded, Outcome, add_model_arguments, header, jsonable, loaded
-from handlerkit.cli._common import problem_rows, requests, stage_rows_of
+from handlerkit.cli._common import (
+    FAILED,
+    OK,
+    Loaded,
+    Outcome,
+    add_model_arguments,
+    header,
+    jsonable,
+    loaded,
+    problem_rows,
+    requests,
+    stage_rows_of,
+)
 
 HELP = "run a model's handler on files, stage by stage"
 DESCRIPTION = (

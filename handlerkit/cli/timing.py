@@ -6,8 +6,17 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import OK, Outcome, add_model_arguments, header, loaded, non_negative, positive
-from handlerkit.cli._common import requests, sizes
+from handlerkit.cli._common import (
+    OK,
+    Outcome,
+    add_model_arguments,
+    header,
+    loaded,
+    non_negative,
+    positive,
+    requests,
+    sizes,
+)
 
 HELP = "time each stage over repeated runs (--sweep: across batch sizes)"
 DESCRIPTION = (

@@ -12,17 +12,17 @@ import sys
 import warnings
 from typing import Any
 
-from handlerkit.summaries import iter_tensors
 from handlerkit._text import suggestion
 from handlerkit.contract import Problem
 from handlerkit.diagnostics._compile_gate import eager_model
 from handlerkit.diagnostics._dynamo_events import DynamoEvents, dynamic_dims, recompiles, user_frame
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.summaries import iter_tensors
 
 #: A :class:`handlerkit.diagnostics.compile.CompileReport` (not imported: that module imports this one).
 CompileReport = Any
 
-__all__ = ["read_settings", "first_call_facts", "failure_fix", "stage_ms", "FELL_BACK"]
+__all__ = ["FELL_BACK", "failure_fix", "first_call_facts", "read_settings", "stage_ms"]
 
 _NOT_COMPILABLE = {
     "torchscript": "torch.compile cannot compile a TorchScript model",
@@ -85,7 +85,7 @@ def _infer_format(model: Any) -> str | None:
         return "torchscript"
     kind = type(model)
     session = getattr(model, "session", None)
-    if kind.__module__.startswith("onnxruntime") or hasattr(session, "get_inputs") and hasattr(session, "run"):
+    if kind.__module__.startswith("onnxruntime") or (hasattr(session, "get_inputs") and hasattr(session, "run")):
         return "onnx"
     return None
 

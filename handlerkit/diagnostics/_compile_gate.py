@@ -24,7 +24,7 @@ from handlerkit.diagnostics._dynamo_events import DynamoEvents
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.errors import StageError
 
-__all__ = ["GateResult", "eager_model", "run_gate", "gate_problems", "check_sizes", "FIX_DYNAMIC", "FIX_SIZE_ONE"]
+__all__ = ["FIX_DYNAMIC", "FIX_SIZE_ONE", "GateResult", "check_sizes", "eager_model", "gate_problems", "run_gate"]
 
 FIX_DYNAMIC = (
     "set dynamic: true in the pt2 section (pt2: {compile: {enable: true, dynamic: true, ...}}), or call "

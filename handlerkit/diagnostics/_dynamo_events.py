@@ -28,8 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "CompiledFrame", "GraphBreak", "Recompile", "DynamoEvents", "CountersKept", "graph_breaks", "dynamic_dims",
-    "recompiles", "user_frame", "where",
+    "CompiledFrame",
+    "CountersKept",
+    "DynamoEvents",
+    "GraphBreak",
+    "Recompile",
+    "dynamic_dims",
+    "graph_breaks",
+    "recompiles",
+    "user_frame",
+    "where",
 ]
 
 _METRIC_KEYS = (

@@ -33,8 +33,8 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._stack import user_stacklevel
 from handlerkit.contract import Problem
-from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_problems, run_gate
 from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
+from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_problems, run_gate
 from handlerkit.diagnostics._dynamo_events import (
     CompiledFrame,
     CountersKept,
@@ -50,7 +50,7 @@ from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 
-__all__ = ["CompileReport", "compile_report", "CompiledFrame", "GraphBreak", "Recompile", "GateResult"]
+__all__ = ["CompileReport", "CompiledFrame", "GateResult", "GraphBreak", "Recompile", "compile_report"]
 
 _LEGACY = " (legacy: write pt2: {compile: {enable: true, ...}})"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlerkit._render import Rendered, Table
 from handlerkit import devices as _devices
+from handlerkit._render import Rendered, Table
 from handlerkit.diagnostics._view import HarnessView
 
 __all__ = ["DeviceReport", "build_device_report", "fp32_precision_state", "gpu_facts", "model_placement", "watch_copies"]

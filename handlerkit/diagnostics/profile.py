@@ -37,7 +37,7 @@ from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import HandlerkitError
 
-__all__ = ["RANGE_PREFIX", "OpStats", "StageTotals", "ProfileReport", "aggregate", "profiler_activities", "profile_stages"]
+__all__ = ["RANGE_PREFIX", "OpStats", "ProfileReport", "StageTotals", "aggregate", "profile_stages", "profiler_activities"]
 
 RANGE_PREFIX = "handlerkit::"
 """Prefix of the labelled ranges: ``handlerkit::preprocess`` … ``handlerkit::handle``."""

@@ -27,15 +27,15 @@ from handlerkit.diagnostics.runs import diagnostic_runs
 
 __all__ = [
     "END_TO_END",
-    "TimingStats",
-    "summarize",
-    "TimingReport",
     "SweepReport",
+    "TimingReport",
+    "TimingStats",
+    "batch_sizes",
+    "resize_batch",
+    "summarize",
+    "sweep_stages",
     "time_callable_stages",
     "time_stages",
-    "sweep_stages",
-    "resize_batch",
-    "batch_sizes",
 ]
 
 END_TO_END = "end_to_end"

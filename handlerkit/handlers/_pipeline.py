@@ -50,7 +50,7 @@ def _axis(resized: int, crop: int | None) -> tuple[int, int, int]:
         return 0, resized, 0
     if crop > resized:
         return 0, resized, (crop - resized) // 2
-    return int(round((resized - crop) / 2.0)), crop, 0  # torchvision's rounding, half to even
+    return round((resized - crop) / 2.0), crop, 0  # torchvision's rounding, half to even
 
 
 @dataclass(frozen=True)

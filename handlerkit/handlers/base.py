@@ -34,8 +34,9 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -48,7 +49,7 @@ from handlerkit.timer import Timer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BaseHandler", "HandlerDecisions", "CompileDecision", "load_label_mapping", "timed"]
+__all__ = ["BaseHandler", "CompileDecision", "HandlerDecisions", "load_label_mapping", "timed"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

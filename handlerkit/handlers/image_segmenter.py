@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from handlerkit.summaries import describe
 from handlerkit.errors import HandlerkitError
 from handlerkit.handlers._pipeline import IMAGENET_MEAN, IMAGENET_STD, ResizeCropNormalize
 from handlerkit.handlers.base import timed
 from handlerkit.handlers.vision import VisionHandler
+from handlerkit.summaries import describe
 
 __all__ = ["ImageSegmenter"]
 

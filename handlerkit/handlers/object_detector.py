@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from handlerkit.summaries import describe
 from handlerkit.errors import ConfigError, HandlerkitError, RequestError
 from handlerkit.handlers.base import HandlerDecisions, timed
 from handlerkit.handlers.vision import VisionHandler
+from handlerkit.summaries import describe
 
 __all__ = ["ObjectDetector"]
 

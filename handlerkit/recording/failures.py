@@ -14,8 +14,9 @@ import linecache
 import os
 import sysconfig
 import warnings
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 from handlerkit.errors import HandlerkitError, RequestError, StageError
 from handlerkit.recording.spy import SPIED, is_spied

@@ -30,7 +30,7 @@ __all__ = ["Lap", "Recorder"]
 class Lap:
     """One call of one stage."""
 
-    __slots__ = ("stage", "input", "output", "wall_ms", "device_ms", "memory", "marks", "error")
+    __slots__ = ("device_ms", "error", "input", "marks", "memory", "output", "stage", "wall_ms")
 
     def __init__(self, stage: str, value: Any) -> None:
         self.stage = stage
@@ -54,7 +54,7 @@ class Recorder:
         source: the handler, recorded on each StageResult.
     """
 
-    __slots__ = ("capture", "metrics", "device", "sync", "track_memory", "laps", "source", "_owner")
+    __slots__ = ("_owner", "capture", "device", "laps", "metrics", "source", "sync", "track_memory")
 
     def __init__(self, capture: Any, metrics: Any, device: Any, track_memory: bool, source: Any = None) -> None:
         self.capture = capture

@@ -8,9 +8,9 @@ import os
 import sys
 from typing import Any
 
-from handlerkit.recording.failures import stage_error
 from handlerkit.errors import HandlerkitError
 from handlerkit.isolation import exec_source
+from handlerkit.recording.failures import stage_error
 
 __all__ = ["reexecuted"]
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlerkit.summaries import describe
 from handlerkit._optional import require
-from handlerkit.summaries import summary
 from handlerkit.errors import HandlerkitError
 from handlerkit.results import Run
+from handlerkit.summaries import describe, summary
 
 __all__ = ["show", "summary"]
 

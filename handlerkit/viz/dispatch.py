@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from handlerkit.summaries import describe, tensor_head
-from handlerkit.summaries import no_values, summary, tensor_summary
 from handlerkit.errors import HandlerkitError
 from handlerkit.results import Run, StageResult
+from handlerkit.summaries import describe, no_values, summary, tensor_head, tensor_summary
 from handlerkit.viz.bars import bars_panel, dict_bars_panel, values_panel
 from handlerkit.viz.cards import card, error_card
 from handlerkit.viz.handler_view import HandlerView

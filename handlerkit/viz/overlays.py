@@ -67,12 +67,12 @@ def segmentation_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     x, step = shrink(x, cell_side(x.shape[0]))
     if x.dim() == 4 and x.dtype == torch.bool:  # one mask per class, overlapping allowed
         tally = dict(enumerate(x.flatten(2).sum(2).sum(0).tolist()))
-        masks_of = lambda i, c: x[i, c]  # noqa: E731
+        masks_of = lambda i, c: x[i, c]
     else:
         classes = x.float().nan_to_num(nan=-torch.inf).argmax(1) if x.dim() == 4 else x.long()
         values, counts = torch.unique(classes, return_counts=True)
         tally = dict(zip(values.tolist(), counts.tolist()))
-        masks_of = lambda i, c: classes[i] == c  # noqa: E731
+        masks_of = lambda i, c: classes[i] == c
     present = [c for c, n in sorted(tally.items(), key=lambda kv: -kv[1]) if n > 0]
     present = sorted([c for c in present if c >= 0 and not ctx.view.is_background(c)][:MAX_CLASSES])
     drawn, notes = [], [n for n in (n_note, f"every {step}th pixel" if step > 1 else "") if n]

@@ -17,7 +17,7 @@ import torch
 
 from handlerkit.viz.handler_view import HandlerView
 
-__all__ = ["Context", "Panel", "MAX_SIDE", "cell_side", "columns", "finite_range", "first", "shrink"]
+__all__ = ["MAX_SIDE", "Context", "Panel", "cell_side", "columns", "finite_range", "first", "shrink"]
 
 MAX_SIDE = 1024  # the longest side of a drawn grid, in pixels
 

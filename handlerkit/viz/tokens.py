@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from handlerkit.viz.panel import Context, Panel
@@ -16,8 +18,8 @@ def tokens_panel(ids: torch.Tensor, ctx: Context, title: str, offsets: torch.Ten
     ``ids`` with ``offsets`` (EmbeddingBag input, TorchServe's text handlers) is one row per offset."""
     if offsets is not None:
         starts = offsets[: MAX_TOKEN_ROWS + 1].tolist() + [ids.shape[0]]
-        rows = [ids[a:min(b, a + MAX_TOKEN_COLS)].tolist() for a, b in zip(starts, starts[1:])][:MAX_TOKEN_ROWS]
-        count, longest = offsets.shape[0], max(b - a for a, b in zip(starts, starts[1:]))
+        rows = [ids[a:min(b, a + MAX_TOKEN_COLS)].tolist() for a, b in itertools.pairwise(starts)][:MAX_TOKEN_ROWS]
+        count, longest = offsets.shape[0], max(b - a for a, b in itertools.pairwise(starts))
     else:
         rows = ids[:MAX_TOKEN_ROWS, :MAX_TOKEN_COLS].tolist()
         count, longest = ids.shape[0], ids.shape[1]

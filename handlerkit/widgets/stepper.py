@@ -23,11 +23,11 @@ import mimetypes
 import warnings
 from typing import Any
 
-from handlerkit.widgets import panes
 from handlerkit._optional import require
 from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
 from handlerkit.requests import Request
+from handlerkit.widgets import panes
 
 __all__ = ["Stepper"]
 
