@@ -48,6 +48,16 @@ def output_options() -> argparse.ArgumentParser:
     return parent
 
 
+def model_command(commands: Any, parents: Sequence[argparse.ArgumentParser], name: str, help: str,
+                  description: str, command: Any, *, files: str = "+") -> argparse.ArgumentParser:
+    """A subcommand that runs a model on files: ``MODEL FILES...`` and the model options; the
+    caller adds its own options to the parser returned."""
+    parser = commands.add_parser(name, help=help, description=description, parents=parents)
+    add_model_arguments(parser, files=files)
+    parser.set_defaults(command=command)
+    return parser
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, *, files: str = "+") -> None:
     """``MODEL FILES...`` and the options that say how to load and feed the model."""
     parser.add_argument("model", metavar="MODEL", help="a model dir (an unpacked .mar) or a .mar file")
@@ -163,6 +173,13 @@ def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Load
         yield Loaded(harness, os.path.basename(os.path.normpath(path)))
     finally:
         harness.service.close()
+
+
+@contextlib.contextmanager
+def loaded_batch(args: argparse.Namespace) -> Iterator[tuple[Loaded, Any]]:
+    """:func:`loaded` and the batch of its request files (:func:`requests`)."""
+    with loaded(args) as model:
+        yield model, requests(args.files, args.content_type)
 
 
 def open_model(path: str, handler: str | None = None) -> contextlib.AbstractContextManager[Loaded]:

@@ -11,12 +11,11 @@ from handlerkit.cli._common import (
     FAILED,
     OK,
     Outcome,
-    add_model_arguments,
     header,
     jsonable,
-    loaded,
+    loaded_batch,
+    model_command,
     problem_rows,
-    requests,
 )
 
 HELP = "check a handler against TorchServe's contract on files"
@@ -29,17 +28,14 @@ DESCRIPTION = (
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("check", help=HELP, description=DESCRIPTION, parents=parents)
-    add_model_arguments(parser)
+    parser = model_command(commands, parents, "check", HELP, DESCRIPTION, command)
     tolerance = parser.add_argument_group("tolerance (batch parity)")
     tolerance.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default: 1e-4)")
     tolerance.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default: 1e-4)")
-    parser.set_defaults(command=command)
 
 
 def command(args: argparse.Namespace) -> Outcome:
-    with loaded(args) as model:
-        batch = requests(args.files, args.content_type)
+    with loaded_batch(args) as (model, batch):
         report = model.harness.check(batch, atol=args.atol, rtol=args.rtol, progress=args.progress)
         data = {"model": model.label, **jsonable(dataclasses.asdict(report)), "ok": report.ok}
         data["problems"] = problem_rows(report.problems)

@@ -11,13 +11,12 @@ from handlerkit.cli._common import (
     FAILED,
     OK,
     Outcome,
-    add_model_arguments,
     header,
     jsonable,
-    loaded,
+    loaded_batch,
+    model_command,
     non_negative,
     positive,
-    requests,
     sizes,
 )
 
@@ -32,8 +31,7 @@ DESCRIPTION = (
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("compile", help=HELP, description=DESCRIPTION, parents=parents)
-    add_model_arguments(parser)
+    parser = model_command(commands, parents, "compile", HELP, DESCRIPTION, command)
     group = parser.add_argument_group("compile report")
     group.add_argument("--batch-sizes", metavar="SIZES", type=sizes,
                        help="the recompile gate: batch sizes traffic will bring, e.g. 1,2,4,8")
@@ -41,12 +39,10 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
                        help="steady calls timed, compiled and eager each (default: 10)")
     group.add_argument("--warmup", metavar="N", type=non_negative, default=1,
                        help="calls discarded before timing (default: 1)")
-    parser.set_defaults(command=command)
 
 
 def command(args: argparse.Namespace) -> Outcome:
-    with loaded(args) as model:
-        batch = requests(args.files, args.content_type)
+    with loaded_batch(args) as (model, batch):
         report = model.harness.compile_report(batch, batch_sizes=args.batch_sizes, repeat=args.repeat,
                                               warmup=args.warmup, progress=args.progress)
         failed = report.gate_ok is False or report.error is not None or any(

@@ -12,10 +12,10 @@ from handlerkit.cli._common import (
     OK,
     Loaded,
     Outcome,
-    add_model_arguments,
     header,
     jsonable,
     loaded,
+    model_command,
     problem_rows,
     requests,
     stage_rows_of,
@@ -31,9 +31,7 @@ DESCRIPTION = (
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("run", help=HELP, description=DESCRIPTION, parents=parents)
-    add_model_arguments(parser, files="*")
-    parser.set_defaults(command=command)
+    model_command(commands, parents, "run", HELP, DESCRIPTION, command, files="*")
 
 
 def command(args: argparse.Namespace) -> Outcome:

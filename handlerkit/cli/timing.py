@@ -9,12 +9,11 @@ from typing import Any
 from handlerkit.cli._common import (
     OK,
     Outcome,
-    add_model_arguments,
     header,
-    loaded,
+    loaded_batch,
+    model_command,
     non_negative,
     positive,
-    requests,
     sizes,
 )
 
@@ -27,8 +26,7 @@ DESCRIPTION = (
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("time", help=HELP, description=DESCRIPTION, parents=parents)
-    add_model_arguments(parser)
+    parser = model_command(commands, parents, "time", HELP, DESCRIPTION, command)
     group = parser.add_argument_group("timing")
     group.add_argument("--sweep", metavar="SIZES", type=sizes, nargs="?", const=[1, 2, 4, 8],
                        help="batch sizes to sweep, e.g. 1,2,4,8 (the default when SIZES is left out)")
@@ -36,12 +34,10 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
                        help="measured runs (default: 20, or 10 per size in a sweep)")
     group.add_argument("--warmup", metavar="N", type=non_negative, default=None,
                        help="unmeasured runs first (default: 3, or 2 per size in a sweep)")
-    parser.set_defaults(command=command)
 
 
 def command(args: argparse.Namespace) -> Outcome:
-    with loaded(args) as model:
-        batch = requests(args.files, args.content_type)
+    with loaded_batch(args) as (model, batch):
         h = model.harness
         if args.sweep:
             report = h.sweep(batch, batch_sizes=args.sweep, warmup=_or(args.warmup, 2), repeat=_or(args.repeat, 10),
