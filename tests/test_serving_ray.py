@@ -22,7 +22,7 @@ import ray  # the `ray` extra is in the test extra: CI has it, and a missing ray
 from ray import serve
 
 import handlerkit as hk
-from handlerkit.serving._http import customized_metadata, parse_route, to_request
+from handlerkit.serving._http import customized_metadata, parse_route, replies, to_request, worker_error
 from handlerkit.serving._replica import SWITCH_INTERVAL_S
 from handlerkit.serving.ray import app, deployment_options
 
@@ -357,6 +357,19 @@ def test_http_translation_matches_the_frontend() -> None:
     data = hk.batch(req).data[0]
     assert data == {"k": bytearray(b"v"), "data": bytearray(png), "note": bytearray(b"hello")}
     assert hk.batch(req).headers[0]["explain"] == "True"
+    assert to_request([], b"x", request_id="from-the-proxy").request_id == "from-the-proxy"
+
+
+def test_a_failed_batch_is_answered_with_the_frontends_error_document() -> None:
+    # RestJob.sendError: InternalServerException whatever the code; a 413 becomes a 507.
+    reply = worker_error(503, "Prediction failed")
+    assert reply.status == 503 and json.loads(reply.body) == {
+        "code": 503, "type": "InternalServerException", "message": "Prediction failed"}
+    assert json.loads(worker_error(400, "bad image").body)["type"] == "InternalServerException"
+    assert worker_error(413, "too large").status == 507
+    ctx = hk.MockContext()
+    (bad,) = replies({"not": "a list"}, ctx, 1)
+    assert (bad.status, json.loads(bad.body)["type"]) == (503, "InternalServerException")
 
 
 def test_deployment_options_follow_the_model_config() -> None:

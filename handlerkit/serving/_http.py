@@ -6,6 +6,8 @@ fields or the raw body under ``"body"``; the request's headers, with the fronten
 ``url_path`` and ``explain`` replacing any the client sent. Responses are read back from the
 context as the worker writes them: per-request status, phrase and headers (content type
 included), ``bytes``/``str`` items as they are, anything else JSON (``indent=2``, as the worker).
+A batch the worker failed is answered as the frontend answers it (:func:`worker_error`): an
+``InternalServerException`` document for every request of the batch, whatever the code.
 
 ``GET /models/<model>[/<version>][?customized=true]`` answers as TorchServe's management API
 does (:func:`description`): the model's settings, the worker that answered and, with
