@@ -22,7 +22,7 @@ import ray  # the `ray` extra is in the test extra: CI has it, and a missing ray
 from ray import serve
 
 import handlerkit as hk
-from handlerkit.serving._http import customized_metadata, parse_route, to_request
+from handlerkit.serving._http import customized_metadata, parse_route, replies, to_request, worker_error
 from handlerkit.serving._replica import SWITCH_INTERVAL_S
 from handlerkit.serving.ray import app, deployment_options
 
@@ -92,6 +92,40 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             ray.shutdown()
 
 
+DOUBLING = """
+def handle(data, context):
+    if data is None:  # TorchServe's load call
+        return None
+    return [x * 2 for x in data]
+"""
+
+
+def test_the_json_envelope_answers_as_the_harness_does(served: Served, tmp_path: Path) -> None:
+    model = tmp_path / "doubling"
+    model.mkdir()
+    (model / "handler.py").write_text(DOUBLING)
+    (model / "MAR-INF").mkdir()
+    (model / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(
+        {"runtime": "python", "model": {"modelName": "doubling", "handler": "handler.py", "modelVersion": "1.0"}}))
+    serve.run(app(model, envelope="json", num_cpus=0), name="envelope", route_prefix="/envelope")
+    harness = hk.Harness.open(model, envelope="json")
+    documents = [{"instances": [1, 2, 3]}, {"instances": [10]}, {"instances": [0.5, -1]}]
+
+    def send(document: dict) -> tuple[int, dict, bytes]:
+        return served.post("/envelope/predictions/doubling", json.dumps(document).encode(), "application/json")
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # batched or not, each answer is its own
+        answers = list(pool.map(send, documents))
+    for document, (status, _, body) in zip(documents, answers):
+        expected = harness.run(hk.batch(hk.Request.json(document))).output[0]
+        assert (status, body.decode()) == (200, expected)
+        assert json.loads(body) == {"predictions": [x * 2 for x in document["instances"]]}
+    # A body the envelope cannot read is the client's error (400), as the harness reports it.
+    status, _, body = served.post("/envelope/predictions/doubling", b'{"rows": [1]}', "application/json")
+    assert status == 400 and "needs a non-empty list under 'instances'" in json.loads(body)["message"], body
+    serve.delete("envelope")
+
+
 def _expected(handler: str, path: Path) -> Any:
     ctx = hk.MockContext.from_model_dir(MODEL)
     run = hk.Harness(handler, ctx).run(hk.batch(hk.Request.from_file(path)))
@@ -103,7 +137,7 @@ def _assert_same(got: dict, want: dict) -> None:
     assert list(got.values()) == pytest.approx(list(want.values()), abs=1e-4)
 
 
-def test_cli_serve_prints_the_url_and_answers(tmp_path: Path) -> None:
+def test_cli_serve_prints_the_url_answers_and_stops_quietly_on_sigterm(tmp_path: Path) -> None:
     # First in the module: its own local Ray instance, before the module's one starts.
     import subprocess
     import sys
@@ -111,21 +145,28 @@ def test_cli_serve_prints_the_url_and_answers(tmp_path: Path) -> None:
     port = _free_port()
     cmd = [sys.executable, "-m", "handlerkit.cli", "serve", str(MODEL), "--engine", "ray",
            "--port", str(port), "--num-cpus", "2", "--for", "60"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = proc.stdout.readline()  # the URL line, printed once serving (or EOF on failure)
-        url = f"http://127.0.0.1:{port}/predictions/image_classifier"
-        assert url in line, line
-        status, _, body = Served(port, {}).post("/predictions/image_classifier", IMAGES[0], "image/png")
-        assert status == 200, body
-        _assert_same(json.loads(body), _expected("image_classifier", IMAGES[0]))
-    finally:
-        proc.terminate()  # SIGTERM: Ray's own handler shuts the local instance down
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+            line = proc.stdout.readline()  # the URL line, printed once serving (or EOF on failure)
+            url = f"http://127.0.0.1:{port}/predictions/image_classifier"
+            assert url in line, line
+            status, headers, body = Served(port, {}).post("/predictions/image_classifier", IMAGES[0], "image/png")
+            assert status == 200, body
+            _assert_same(json.loads(body), _expected("image_classifier", IMAGES[0]))
+        finally:
+            proc.terminate()  # SIGTERM: a clean stop, as Ctrl-C
+            try:
+                rest, _ = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+                raise
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 0 and stderr.rstrip().endswith("handlerkit: interrupted"), stderr
+    # serve.shutdown() makes Ray print "Task ServeController.graceful_shutdown failed ... killed by ray.kill".
+    for noise in ("graceful_shutdown", "killed by `ray.kill`", "Traceback"):
+        assert noise not in stderr and noise not in rest, (noise, stderr, rest)
 
 
 def test_cli_serve_address_deploys_to_an_existing_cluster_and_removes_only_its_app() -> None:
@@ -142,7 +183,8 @@ def test_cli_serve_address_deploys_to_an_existing_cluster_and_removes_only_its_a
     temp_dir = tempfile.mkdtemp(prefix="hkray-", dir="/tmp")  # short: it holds unix sockets
     env = {**os.environ, "RAY_AUTH_MODE": "token"}  # the head's token auth (Ray's default)
     head = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={gcs}",
+        # `ray start`, through its module: a venv need not have the `ray` script beside its python
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={gcs}",
          "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     cli = None
@@ -315,6 +357,19 @@ def test_http_translation_matches_the_frontend() -> None:
     data = hk.batch(req).data[0]
     assert data == {"k": bytearray(b"v"), "data": bytearray(png), "note": bytearray(b"hello")}
     assert hk.batch(req).headers[0]["explain"] == "True"
+    assert to_request([], b"x", request_id="from-the-proxy").request_id == "from-the-proxy"
+
+
+def test_a_failed_batch_is_answered_with_the_frontends_error_document() -> None:
+    # RestJob.sendError: InternalServerException whatever the code; a 413 becomes a 507.
+    reply = worker_error(503, "Prediction failed")
+    assert reply.status == 503 and json.loads(reply.body) == {
+        "code": 503, "type": "InternalServerException", "message": "Prediction failed"}
+    assert json.loads(worker_error(400, "bad image").body)["type"] == "InternalServerException"
+    assert worker_error(413, "too large").status == 507
+    ctx = hk.MockContext()
+    (bad,) = replies({"not": "a list"}, ctx, 1)
+    assert (bad.status, json.loads(bad.body)["type"]) == (503, "InternalServerException")
 
 
 def test_deployment_options_follow_the_model_config() -> None:
@@ -325,4 +380,7 @@ def test_deployment_options_follow_the_model_config() -> None:
     dep = opts["deployment"]
     assert dep["autoscaling_config"]["min_replicas"] == 1 and dep["autoscaling_config"]["max_replicas"] == 3
     assert dep["ray_actor_options"]["num_gpus"] == 1 and dep["max_ongoing_requests"] >= 16
+    # A handler that fails to load is not constructed again and again; a stuck replica is
+    # found unhealthy within seconds (tests/test_serving_failures.py shows both).
+    assert dep["max_constructor_retry_count"] == 1 and dep["health_check_period_s"] == 1.0
     assert deployment_options({"minWorkers": 2, "maxWorkers": 2})["deployment"]["num_replicas"] == 2

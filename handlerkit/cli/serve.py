@@ -20,7 +20,9 @@ DESCRIPTION = (
     "listens on --host (127.0.0.1). With --address the model is deployed to that cluster as an "
     "application named after the model, on the cluster's Serve HTTP address if Serve already "
     "runs there, and only that application is deleted on exit. Blocks until Ctrl-C (or --for "
-    "SECONDS). Needs: pip install 'handlerkit[ray]'."
+    "SECONDS). A port already in use is refused (exit code 2); a handler that fails to load stops "
+    "the command with its error (exit code 1); a failed request is logged with its stage, line "
+    "and fix. Needs: pip install 'handlerkit[ray]'."
 )
 
 
@@ -46,11 +48,13 @@ def command(args: argparse.Namespace) -> Outcome:
 
     if not os.path.exists(args.model):
         raise InputError(f"no such model dir or archive: {args.model!r}")
+    if not args.address:  # a cluster's Serve keeps its own port
+        _refuse_a_busy_port(args.host, args.port)
     from handlerkit._optional import require
 
     ray = require("ray", feature="handlerkit serve --engine ray", extra="ray")
     serve = require("ray.serve", feature="handlerkit serve --engine ray", extra="ray")
-    from handlerkit.serving.ray import app
+    from handlerkit.serving.ray import app, run
 
     application = app(args.model, handler=args.handler, envelope=args.envelope)
     name = _model_name(args.model)
@@ -67,7 +71,7 @@ def command(args: argparse.Namespace) -> Outcome:
         ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})  # kept as is where Serve runs
-        serve.run(application, name=name, route_prefix="/")
+        run(application, name=name, route_prefix="/")  # a handler that fails to load raises its StageError
         url = _http_url(serve, args.host, args.port)
         print(f"handlerkit: serving {name} at {url}/predictions/{name} (Ctrl-C to stop)", flush=True)
         stopped = "stopped"
@@ -82,10 +86,12 @@ def command(args: argparse.Namespace) -> Outcome:
             signal.signal(signal.SIGTERM, previous)
     finally:
         try:
-            if args.address:
-                serve.delete(name)  # the cluster's Serve and its other applications stay
-            else:
-                serve.shutdown()
+            # The application's replicas drain and stop. With --address the cluster's Serve and
+            # its other applications stay; a local instance goes with ray.shutdown(). Not
+            # serve.shutdown(): it waits on ServeController.graceful_shutdown, a call that only
+            # ends when the controller kills itself, and Ray prints that as a failed task
+            # ("graceful_shutdown failed ... killed by `ray.kill`") at every stop.
+            serve.delete(name)
         finally:
             ray.shutdown()
     print(f"handlerkit: {stopped}", file=sys.stderr)
@@ -100,6 +106,16 @@ def _http_url(serve: Any, host: str, port: int) -> str:
     except Exception:
         pass
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+
+
+def _refuse_a_busy_port(host: str, port: int) -> None:
+    """A port something already listens on is refused: Ray's proxy would share it (SO_REUSEPORT)
+    and the two servers would split the requests between them."""
+    from handlerkit.serving._ports import port_holder
+
+    holder = port_holder(host, port)
+    if holder is not None:
+        raise InputError(f"port {port} on {host} is already in use by {holder}: stop it, or serve on another --port")
 
 
 def _interrupt(signum: int, frame: Any) -> None:

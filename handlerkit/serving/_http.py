@@ -6,6 +6,8 @@ fields or the raw body under ``"body"``; the request's headers, with the fronten
 ``url_path`` and ``explain`` replacing any the client sent. Responses are read back from the
 context as the worker writes them: per-request status, phrase and headers (content type
 included), ``bytes``/``str`` items as they are, anything else JSON (``indent=2``, as the worker).
+A batch the worker failed is answered as the frontend answers it (:func:`worker_error`): an
+``InternalServerException`` document for every request of the batch, whatever the code.
 
 ``GET /models/<model>[/<version>][?customized=true]`` answers as TorchServe's management API
 does (:func:`description`): the model's settings, the worker that answered and, with
@@ -30,8 +32,8 @@ from handlerkit import _wire
 from handlerkit.context import read_responses
 from handlerkit.requests import Parameter, Request
 
-__all__ = ["Route", "Reply", "parse_route", "to_request", "replies", "error_reply", "model_fields", "description",
-           "customized_metadata"]
+__all__ = ["Route", "Reply", "WORKER_DIED", "parse_route", "to_request", "replies", "error_reply", "worker_error",
+           "model_fields", "description", "customized_metadata"]
 
 #: What TorchServe's frontend adds; a client's own values of these are replaced.
 _FRONTEND_HEADERS = ("explain", "url_path")
@@ -101,8 +103,10 @@ def to_request(
     query: Sequence[tuple[str, str]] = (),
     explain: bool = False,
     url_path: str = "",
+    request_id: str | None = None,
 ) -> Request:
-    """The :class:`~handlerkit.requests.Request` TorchServe's frontend would forward for this HTTP request."""
+    """The :class:`~handlerkit.requests.Request` TorchServe's frontend would forward for this HTTP
+    request; ``request_id`` when given (the engine's own id for it), else a fresh one."""
     hdrs = {k: v for k, v in headers if k not in _FRONTEND_HEADERS}
     hdrs.update(explain="True" if explain else "False", url_path=url_path.rstrip("/"))
     content_type = next((v for k, v in hdrs.items() if k.lower() == "content-type"), None)
@@ -113,7 +117,8 @@ def to_request(
     else:
         params = (Parameter("body", body, _wire.media_type(content_type)),)
     query_params = tuple(Parameter(k, v.encode("utf-8"), None) for k, v in query)
-    request = Request(query_params + params, hdrs, url_path=url_path)
+    ids = {"request_id": request_id} if request_id else {}
+    request = Request(query_params + params, hdrs, url_path=url_path, **ids)
     return dataclasses.replace(request)  # validated once more as a whole (cheap)
 
 
@@ -130,11 +135,25 @@ def _body(item: Any) -> bytes | None:
 
 
 def error_reply(code: int, message: str, kind: str | None = None) -> Reply:
-    """TorchServe's error document ``{"code", "type", "message"}``."""
+    """TorchServe's error document ``{"code", "type", "message"}`` for an error of the frontend
+    itself (a bad request, no such model, no worker free); :func:`worker_error` for a batch the
+    worker failed."""
     kind = kind or ("BadRequestException" if code < 500 else "ServiceUnavailableException" if code == 503
                     else "InternalServerException")
     body = json.dumps({"code": code, "type": kind, "message": message}, indent=2).encode("utf-8")
     return Reply(code, None, {"content-type": "application/json"}, body)
+
+
+def worker_error(code: int, message: str) -> Reply:
+    """What the frontend answers every request of a batch the worker failed: ``RestJob.sendError``
+    sends an ``InternalServerException`` document whatever the code (503 "Prediction failed", a
+    ``PredictionException``'s own code, 500 "Worker died."), and turns a 413 into a 507."""
+    return error_reply(507 if code == 413 else code, message, "InternalServerException")
+
+
+#: A batch whose worker did not answer within ``responseTimeout``: TorchServe kills the worker
+#: process, answers the batch this, and starts a new worker (``WorkerThread.run``).
+WORKER_DIED = worker_error(500, "Worker died.")
 
 
 def replies(output: Any, context: Any, n: int) -> list[Reply]:
@@ -144,15 +163,15 @@ def replies(output: Any, context: Any, n: int) -> list[Reply]:
     ``Service.predict`` does.
     """
     if not isinstance(output, list):
-        return [error_reply(503, "Invalid model predict output")] * n
+        return [worker_error(503, "Invalid model predict output")] * n
     if len(output) != n:
-        return [error_reply(503, "number of batch response mismatched")] * n
+        return [worker_error(503, "number of batch response mismatched")] * n
     infos = read_responses(context)
     out = []
     for i, item in enumerate(output):
         body = _body(item)
         if body is None:
-            return [error_reply(503, "Unsupported model output data type.")] * n
+            return [worker_error(503, "Unsupported model output data type.")] * n
         code, phrase, headers = infos[i] if i < len(infos) else (200, None, {})
         out.append(Reply(code or 200, phrase or None, {k: str(v) for k, v in _plain(headers).items()}, body))
     return out

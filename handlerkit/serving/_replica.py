@@ -8,6 +8,19 @@ with ``batching="serve.batch"``, by Ray's ``@serve.batch`` as requests arrive. P
 explanations are batched apart: TorchServe's frontend would mix them, and a handler picks
 explain mode from the first request's header, so a mixed batch answers some requests with the
 wrong kind.
+
+Failures, as TorchServe's worker has them (:mod:`handlerkit.serving._failures` tells each as a
+notebook does, in the replica's log):
+
+- a batch whose ``handle`` raises is answered 503 "Prediction failed" (a ``PredictionException``
+  its code, a ``MemoryError`` 507) and its StageError logged;
+- a handler that cannot load fails the replica's constructor with its StageError, which the
+  driver gets as data (:func:`handlerkit.serving.ray.run`); the deployment does not retry it;
+- a batch still running at ``responseTimeout`` is answered 500 "Worker died.". TorchServe then
+  kills the worker process and starts a new one; a thread cannot be killed, so the replica
+  reports itself unhealthy (:meth:`HandlerReplica.check_health`) and Ray replaces it. Until
+  then it answers 503 at once rather than queue requests behind the stuck batch (TorchServe
+  queues them for the new worker).
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ import concurrent.futures
 import datetime
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -27,11 +41,14 @@ from starlette.responses import Response
 
 from handlerkit.batches import Batch
 from handlerkit.errors import PredictionException
+from handlerkit.recording.failures import handler_files
 from handlerkit.requests import Request
 from handlerkit.service import Service
+from handlerkit.serving import _failures
 from handlerkit.serving._batcher import Batcher
-from handlerkit.serving._http import (Reply, customized_metadata, description, error_reply, parse_route, replies,
-                                      to_request)
+from handlerkit.serving._failures import logger
+from handlerkit.serving._http import (WORKER_DIED, Reply, customized_metadata, description, error_reply, parse_route,
+                                      replies, to_request, worker_error)
 
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
@@ -51,18 +68,14 @@ class HandlerReplica:
     """A Ray Serve ingress: ``/predictions``, ``/explanations`` and ``/ping`` for one model."""
 
     def __init__(self, model: str, handler: Any, name: str, version: str | None, settings: dict[str, Any]) -> None:
-        gpu_ids = ray.get_gpu_ids()
-        # One replica is one worker process: it runs in the model dir from here on, and takes
-        # the entry point (in the envelope, if any) before initialize, as the worker does.
-        # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPUs, so its first GPU is cuda:0 here.
-        self.service = Service.open(
-            model, handler=handler, gpu_id=0 if gpu_ids else None, batch_size=settings["batch_size"],
-            model_name=name, envelope=settings.get("envelope"), working_dir="process",
-        )
-        self.context = self.service.context
+        _failures.log_through_serve()
         self.name, self.version = name, version
         self.timeout = settings["response_timeout_s"]
-        self.service.initialize()
+        self.service = self._load(model, handler, settings)
+        self.context = self.service.context
+        self._files: frozenset[str] | None = None  # the handler's source files, read at the first failure
+        self._handle_thread: int | None = None  # the thread running handle() (its stack, at a timeout)
+        self._stuck: str | None = None  # why this replica no longer runs batches (a timed-out one)
         # handle() shares this process's GIL with Ray's threads that receive the next requests.
         # At Python's default 5 ms switch interval, a torch op returning to Python can wait that
         # long for one of them while the cores idle; at 0.5 ms resnet18 served 6 % more requests
@@ -85,9 +98,38 @@ class HandlerReplica:
         self._capacity = settings.get("queue_capacity", 100)
         self._started = datetime.datetime.now(datetime.timezone.utc)
 
+    def _load(self, model: str, handler: Any, settings: dict[str, Any]) -> Service:
+        """The worker's load: open the model and its handler, run ``initialize``. A failure is
+        handed to the driver as data and raised as the StageError the notebook shows."""
+        service = None
+        try:
+            # One replica is one worker process: it runs in the model dir from here on, and takes
+            # the entry point (in the envelope, if any) before initialize, as the worker does.
+            # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPUs, so its first GPU is cuda:0 here.
+            service = Service.open(
+                model, handler=handler, gpu_id=0 if ray.get_gpu_ids() else None, batch_size=settings["batch_size"],
+                model_name=self.name, envelope=settings.get("envelope"), working_dir="process",
+            )
+            service.initialize()
+        except Exception as exc:
+            error = _failures.load_failure(exc, service)
+            if service is not None:
+                service.close()
+            _failures.publish_load_failure(error)
+            # The driver prints it (handlerkit.serving.ray.run): the replica's log file only.
+            logger.error("%s could not load its handler:\n%s", self.name, error, extra={"log_to_stderr": False})
+            raise error from exc
+        return service
+
     # -- batches ---------------------------------------------------------------------------
 
+    def _handler_files(self) -> frozenset[str]:
+        if self._files is None:
+            self._files = handler_files(self.service.function or self.service.handler)
+        return self._files
+
     def _run(self, requests: list[Any]) -> list[Reply]:
+        self._handle_thread = threading.get_ident()
         batch = Batch(requests)
         self.batch_sizes.append(len(batch))
         start = time.perf_counter()
@@ -95,7 +137,9 @@ class HandlerReplica:
             output = self.service.handle(batch)
         except BaseException as exc:  # the worker answers every request of the batch
             code, message = _failure(exc)
-            return [error_reply(code, message)] * len(batch)
+            if self._stuck is None:  # else the batch was answered "Worker died." already
+                self._log_failure(batch, exc, f'{code} "{message}"')
+            return [worker_error(code, message)] * len(batch)
         elapsed_ms = (time.perf_counter() - start) * 1000
         self.handle_ms.append(elapsed_ms)
         metrics = self.context.metrics
@@ -104,13 +148,39 @@ class HandlerReplica:
             metrics.clear()  # a replica lives long: the recording store must not grow without end
         return replies(output, self.context, len(batch))
 
+    def _log_failure(self, batch: Batch, exc: BaseException, answer: str) -> None:
+        """Log the batch's StageError (on the handler's thread, outside any request's context,
+        so Serve's log line names no request: the message names them all)."""
+        try:
+            error: Any = _failures.batch_failure(self.service, batch, exc, self._handler_files())
+        except Exception as failed:  # telling the failure must never cost the batch its answer
+            error = f"{type(exc).__name__}: {exc} (not attributed to a stage: {type(failed).__name__}: {failed})"
+        logger.error("%s answered %s to %s:\n%s", self.name, answer, _ids(batch.requests), error)
+
     async def _gather(self, requests: list[Any]) -> list[Reply]:
+        if self._stuck is not None:  # being replaced: answer now rather than queue behind the stuck batch
+            return [error_reply(503, self._stuck, "ServiceUnavailableException")] * len(requests)
         future = asyncio.wrap_future(self._pool.submit(self._run, requests))
         try:
             return await asyncio.wait_for(future, self.timeout)
         except asyncio.TimeoutError:
-            message = f"the handler did not answer within responseTimeout ({self.timeout:g} s)"
-            return [error_reply(504, message, "RequestTimeoutException")] * len(requests)
+            self._stuck = (f'Model "{self.name}" has no worker to serve inference request: its worker ran past '
+                           f"responseTimeout ({self.timeout:g} s) and is being replaced; retry shortly")
+            try:
+                error: Any = _failures.timeout_failure(self.service, self._handle_thread, self.timeout,
+                                                       self._handler_files())
+            except Exception as failed:  # the answer and the replacement matter more than the report
+                error = f"no answer within responseTimeout (not attributed: {type(failed).__name__}: {failed})"
+            logger.error("%s answered 500 \"Worker died.\" to %s; this replica now reports itself unhealthy, so that "
+                         "Ray replaces it, as TorchServe kills and restarts a worker that runs past responseTimeout:\n%s",
+                         self.name, _ids(requests), error)
+            return [WORKER_DIED] * len(requests)
+
+    async def check_health(self) -> None:
+        """Ray Serve's health check: a replica whose handler ran past ``responseTimeout`` is
+        unhealthy, and Ray replaces it (its thread cannot be stopped)."""
+        if self._stuck is not None:
+            raise RuntimeError(f"handlerkit: {self._stuck}")
 
     async def _kind_batch(self, kind: str, requests: list[Any]) -> list[Reply]:
         return await self._gather(requests)
@@ -128,8 +198,9 @@ class HandlerReplica:
     async def __call__(self, http: HttpRequest) -> Response:
         path, root = http.scope.get("path", "/"), http.scope.get("root_path", "")
         route = parse_route(path[len(root):] if root and path.startswith(root) else path)
-        if route.kind == "ping":
-            return _response(Reply(200, None, {"content-type": "application/json"}, b'{\n  "status": "Healthy"\n}'))
+        if route.kind == "ping":  # TorchServe answers 500 "Unhealthy" while its worker restarts
+            code, status = (500, b"Unhealthy") if self._stuck is not None else (200, b"Healthy")
+            return _response(Reply(code, None, {"content-type": "application/json"}, b'{\n  "status": "%s"\n}' % status))
         if route.kind == "unknown":
             return _response(error_reply(404, "Requested resource is not found, please refer to API document.",
                                          "ResourceNotFoundException"))
@@ -144,16 +215,19 @@ class HandlerReplica:
         if route.kind == "describe":
             return _response(await self._describe(http))
         body = await http.body()
+        # Ray's proxy gives each request an id (the client's x-request-id, if it sent one), logs
+        # it and sends it back: the handler's context and the replica's log use the same one.
+        ray_id = http.headers.get("x-request-id")
         try:
             request = to_request(http.headers.items(), body, query=http.query_params.multi_items(),
-                                 explain=route.kind == "explain", url_path=route.url_path)
+                                 explain=route.kind == "explain", url_path=route.url_path, request_id=ray_id)
         except ValueError as exc:
             return _response(error_reply(400, str(exc)))
         if self._batcher is not None:
             reply = await self._batcher.submit(request, route.kind)
         else:
             reply = await (self._explain if route.kind == "explain" else self._predict)(request)
-        return _response(reply, request.request_id)
+        return _response(reply, None if ray_id else request.request_id)
 
     async def _describe(self, http: HttpRequest) -> Reply:
         """TorchServe's ``GET /models/<m>[?customized=true]``, the handler asked through the queue."""
@@ -189,6 +263,12 @@ class HandlerReplica:
 
         return {"batch_sizes": list(self.batch_sizes), "handle_ms": list(self.handle_ms), "pid": os.getpid(), "torch_threads": torch.get_num_threads(),
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "switch_interval": sys.getswitchinterval()}
+
+
+def _ids(requests: Any) -> str:
+    """``request 1f2e…`` or ``requests 1f2e…, 9a8b…`` (the ids clients get as x-request-id)."""
+    ids = [getattr(r, "request_id", "?") for r in requests]
+    return f"request{'s' if len(ids) != 1 else ''} {', '.join(ids)}"
 
 
 def _rss_bytes() -> int:

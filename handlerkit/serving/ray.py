@@ -2,10 +2,9 @@
 
 ::
 
-    from ray import serve
-    from handlerkit.serving.ray import app
+    from handlerkit.serving.ray import app, run
 
-    serve.run(app("model_store/shapes.mar"))
+    run(app("model_store/shapes.mar"))   # serve.run, raising the handler's own error if it fails to load
     # POST /predictions/<model>, /explanations/<model>; GET /ping, /models/<model>[?customized=true]
 
 model-config.yaml drives the deployment as it drives TorchServe: ``batchSize`` and
@@ -13,10 +12,13 @@ model-config.yaml drives the deployment as it drives TorchServe: ``batchSize`` a
 (or Ray's ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` with ``batching="serve.batch"``),
 ``minWorkers``/``maxWorkers`` → replicas (autoscaling between them when they differ),
 ``deviceType: gpu`` → one GPU per replica (``gpu_id`` in the context), ``responseTimeout`` (s)
-→ a 504 for a batch that takes longer, ``jobQueueSize`` → ``max_ongoing_requests``.
+→ a batch that takes longer is answered 500 "Worker died." and its replica replaced, as
+TorchServe replaces the worker, ``jobQueueSize`` → ``max_ongoing_requests``.
 Each replica builds its context with :meth:`handlerkit.MockContext.from_model_dir` and runs
 ``initialize`` once; HTTP is translated as TorchServe's frontend and worker do
-(:mod:`handlerkit.serving._http`).
+(:mod:`handlerkit.serving._http`). A failed batch's :class:`~handlerkit.errors.StageError` goes
+to the replica's log (the ``handlerkit.serving`` logger, through Serve's replica logger); a
+handler that fails to load fails the deployment at once, and :func:`run` raises its StageError.
 """
 
 from __future__ import annotations
@@ -29,12 +31,16 @@ from handlerkit.config import parse_config
 from handlerkit.context import MockContext
 from handlerkit.serving._http import model_fields
 
-__all__ = ["app", "deployment_options"]
+__all__ = ["app", "deployment_options", "run"]
 
 #: TorchServe's defaults where model-config.yaml says nothing.
 _DEFAULT_RESPONSE_TIMEOUT_S = 120
 _DEFAULT_QUEUE = 100
 _BATCHING = ("torchserve", "serve.batch")
+#: How often Ray asks a replica whether it is healthy. A replica whose handler ran past
+#: responseTimeout says no, and Ray replaces it after three answers in a row (Serve's
+#: threshold): about 3 s here, 30 s at Serve's default period of 10 s.
+HEALTH_CHECK_PERIOD_S = 1.0
 
 
 def deployment_options(
@@ -62,6 +68,10 @@ def deployment_options(
         "ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus if num_cpus is not None else (0 if num_gpus else 1)},
         # A replica must accept a whole batch at once (Ray's default is 5) and queue the next.
         "max_ongoing_requests": max(cfg.job_queue_size or _DEFAULT_QUEUE, 2 * batch_size),
+        # A handler that fails to load fails the deployment at the first try (Ray's default
+        # constructs it again and again); a later replacement replica is still retried.
+        "max_constructor_retry_count": 1,
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
     }
     low, high = max(1, cfg.min_workers or 1), cfg.max_workers
     if num_replicas is not None:
@@ -150,3 +160,38 @@ def app(
                                        gpu=bool(deployment["ray_actor_options"]["num_gpus"]))
     replica = serve.deployment(HandlerReplica, name=f"handlerkit-{model_name}", **deployment)
     return replica.bind(path, handler, model_name, version, options)
+
+
+def run(application: Any, *, name: str = "default", route_prefix: str | None = "/", **options: Any) -> Any:
+    """``serve.run`` for an :func:`app`, which raises the handler's own error when it fails to load.
+
+    Ray answers a deployment whose replica constructor raised with a ``RuntimeError`` holding
+    the replica's traceback as text. The replica hands its error to the driver as data, so a
+    handler whose ``initialize`` (or a function handler's ``handle(None, context)``) raises
+    comes out as the :class:`~handlerkit.errors.StageError` a notebook shows (stage
+    ``initialize``, ``file:line``, fix), and a handler spec that cannot be resolved as its
+    :class:`~handlerkit.errors.HandlerLoadError`.
+
+    Args:
+        application: what :func:`app` returned.
+        name, route_prefix, options: ``serve.run``'s.
+
+    Returns:
+        ``serve.run``'s deployment handle.
+
+    Raises:
+        StageError: ``initialize`` raised.
+        HandlerkitError: the model or its handler could not be opened.
+        RuntimeError: the deployment failed otherwise (Ray's own error).
+    """
+    serve = require("ray.serve", feature="handlerkit.serving.ray", extra="ray")
+    from handlerkit.serving import _failures
+
+    _failures.forget_load_failure(name)
+    try:
+        return serve.run(application, name=name, route_prefix=route_prefix, **options)
+    except RuntimeError:
+        error = _failures.take_load_failure(name)
+        if error is None:
+            raise
+    raise error  # outside the except block: Ray's text repeats the same error as a traceback
