@@ -121,7 +121,7 @@ def test_a_handler_that_fails_to_load_stops_serve_with_its_stage_error(tmp_path:
     assert "serving" not in done.stdout
     # The notebook's StageError, last, as the command's one error.
     assert done.stderr.endswith(
-        "handlerkit: error: initialize failed in Broken for the batch: TypeError: 'NoneType' object is not iterable\n"
+        "handlerkit: error: initialize failed in Broken: TypeError: 'NoneType' object is not iterable\n"
         f"  at {model / 'handler.py'}:6: for label in self.labels:\n"
         "  fix: check the model dir, manifest and model-config.yaml the context points at\n"), done.stderr[-2000:]
     assert (model / "tries.txt").read_text().splitlines() == ["try"]  # no restart loop

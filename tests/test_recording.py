@@ -214,10 +214,15 @@ def test_a_stage_error_without_a_known_cause_names_the_line_in_its_fix(tmp_path)
     exec(compile(source.read_text(), str(source), "exec"), namespace)
     try:
         namespace["inference"](1)
-    except RuntimeError as exc:
-        error = failures.stage_error("inference", exc, handler="H", request_index=None, handler_files=set())
+    except RuntimeError as raised:
+        exc = raised
+    error = failures.stage_error("inference", exc, handler="H", request_index=None, handler_files=set())
     assert "for the batch: RuntimeError: the frobnicator broke" in error.message
     assert error.fix == "RuntimeError was raised at h.py line 2; correct it there, then h.reload() and run inference again"
+    served = failures.stage_error("inference", exc, handler="H", request_index=None, then="serve the model again")
+    assert served.fix == "RuntimeError was raised at h.py line 2; correct it there, then serve the model again"
+    loading = failures.stage_error("initialize", exc, handler="H", request_index=None)
+    assert loading.message.startswith("initialize failed in H: RuntimeError")  # before any batch: about none
 
 
 def test_handlerkit_errors_keep_their_own_fix_in_a_stage_error():

@@ -102,22 +102,28 @@ def stage_error(
     handler: str,
     request_index: int | None,
     handler_files: set[str] | frozenset[str] = frozenset(),
+    then: str | None = None,
 ) -> StageError:
-    """The :class:`StageError` for ``exc`` raised in ``stage``."""
-    where = f"request {request_index}" if request_index is not None else "the batch"
+    """The :class:`StageError` for ``exc`` raised in ``stage``.
+
+    ``then`` ends a fix that points at the raising line: what to do once it is corrected (the
+    notebook's ``"h.reload() and run <stage> again"`` by default; a server says its own).
+    """
+    # initialize and reload run before any batch: they are about no request.
+    where = "" if stage in _BATCHLESS else f" for request {request_index}" if request_index is not None else " for the batch"
     # handlerkit's own errors say what is wrong and how to fix it; for any other exception the
     # line of the handler that raised it is the most useful pointer.
     location = None if isinstance(exc, HandlerkitError) else raised_at(exc, handler_files)
     # Its fix is added once, below (str() of a handlerkit error would carry it too).
     what = exc.reason if isinstance(exc, RequestError) else exc.message if isinstance(exc, HandlerkitError) else exc
-    message = f"{stage} failed in {handler} for {where}: {type(exc).__name__}: {what}"
+    message = f"{stage} failed in {handler}{where}: {type(exc).__name__}: {what}"
     if location is not None:
         message += f"\n  at {location[0]}:{location[1]}: {location[2]}"
     fix = suggest_fix(stage, exc)
     if fix is None and location is not None:
         fix = (
             f"{type(exc).__name__} was raised at {os.path.basename(location[0])} line {location[1]}; "
-            f"correct it there, then h.reload() and run {stage} again"
+            f"correct it there, then {then or f'h.reload() and run {stage} again'}"
         )
     return StageError(
         message,
@@ -128,6 +134,9 @@ def stage_error(
         fix=fix,
         location=location,
     )
+
+
+_BATCHLESS = ("initialize", "reload")
 
 
 def handler_files(handler: Any) -> frozenset[str]:
@@ -206,6 +215,7 @@ def batch_error(
     imports: Callable[[], Any],
     handler_files: frozenset[str] = frozenset(),
     on_batch_data: bool = False,
+    then: str | None = None,
 ) -> StageError:
     """The :class:`StageError` for ``exc`` raised in ``stage`` of a batch, with the request at
     fault when it can be told: the error's own ``request_index``, the only request of a batch of
@@ -221,4 +231,4 @@ def batch_error(
         preprocess = getattr(handler, "preprocess", None)
         if callable(preprocess):
             index = failing_request(preprocess, batch, context, imports)
-    return stage_error(stage, exc, handler=handler_name, request_index=index, handler_files=handler_files)
+    return stage_error(stage, exc, handler=handler_name, request_index=index, handler_files=handler_files, then=then)

@@ -38,8 +38,16 @@ if TYPE_CHECKING:
     from handlerkit.batches import Batch
     from handlerkit.service import Service
 
-__all__ = ["logger", "log_through_serve", "batch_failure", "timeout_failure", "load_failure",
-           "publish_load_failure", "forget_load_failure", "take_load_failure"]
+__all__ = [
+    "batch_failure",
+    "forget_load_failure",
+    "load_failure",
+    "log_through_serve",
+    "logger",
+    "publish_load_failure",
+    "take_load_failure",
+    "timeout_failure",
+]
 
 #: The replicas' logger: failed batches, timed-out batches, handlers that fail to load.
 logger = logging.getLogger("handlerkit.serving")
@@ -67,6 +75,10 @@ def log_through_serve() -> None:
 # -- the StageError of a batch ---------------------------------------------------------------
 
 
+#: What a server's fix says to do once the raising line is corrected.
+SERVE_AGAIN = "serve the model again (handlerkit serve)"
+
+
 def batch_failure(service: Service, batch: Batch, exc: BaseException, files: frozenset[str]) -> StageError:
     """The StageError for ``exc``, raised by ``service.handle(batch)``: the stage method the
     traceback passed through (``handle`` for a function or an overridden ``handle``), the
@@ -79,7 +91,7 @@ def batch_failure(service: Service, batch: Batch, exc: BaseException, files: fro
     on_batch_data = service.envelope is None and not service.single_stage
     return failures.batch_error(
         stage, exc, handler=handler, handler_name=service.name, batch=batch, context=service.context,
-        imports=service.running, handler_files=files, on_batch_data=on_batch_data,
+        imports=service.running, handler_files=files, on_batch_data=on_batch_data, then=SERVE_AGAIN,
     )
 
 
@@ -106,7 +118,8 @@ def timeout_failure(service: Service, thread_id: int | None, timeout_s: float, f
     exc.__traceback__ = tb
     handler = service.handler
     stage = failures.stage_of(exc, handler) if handler is not None else "handle"
-    return failures.stage_error(stage, exc, handler=service.name, request_index=None, handler_files=files)
+    return failures.stage_error(stage, exc, handler=service.name, request_index=None, handler_files=files,
+                                then=SERVE_AGAIN)
 
 
 # -- a handler that fails to load ------------------------------------------------------------
@@ -121,7 +134,8 @@ def load_failure(exc: BaseException, service: Service | None) -> HandlerkitError
     if service is None:
         return HandlerkitError(f"the model could not be opened: {type(exc).__name__}: {exc}")
     files = failures.handler_files(service.function or service.handler)
-    return failures.stage_error("initialize", exc, handler=service.name, request_index=None, handler_files=files)
+    return failures.stage_error("initialize", exc, handler=service.name, request_index=None, handler_files=files,
+                                then=SERVE_AGAIN)
 
 
 def _record(error: HandlerkitError) -> dict[str, Any]:

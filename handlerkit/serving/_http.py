@@ -32,8 +32,19 @@ from handlerkit import _wire
 from handlerkit.context import read_responses
 from handlerkit.requests import Parameter, Request
 
-__all__ = ["Route", "Reply", "WORKER_DIED", "parse_route", "to_request", "replies", "error_reply", "worker_error",
-           "model_fields", "description", "customized_metadata"]
+__all__ = [
+    "WORKER_DIED",
+    "Reply",
+    "Route",
+    "customized_metadata",
+    "description",
+    "error_reply",
+    "model_fields",
+    "parse_route",
+    "replies",
+    "to_request",
+    "worker_error",
+]
 
 #: What TorchServe's frontend adds; a client's own values of these are replaced.
 _FRONTEND_HEADERS = ("explain", "url_path")
@@ -92,7 +103,8 @@ def _form_fields(content_type: str, body: bytes) -> list[Parameter]:
         ctype = str(raw_type).split(";", 1)[0].strip() if raw_type is not None else None
         if ctype is None and part.get_filename() is not None:
             ctype = _wire.OCTET_STREAM
-        fields.append(Parameter(str(name), part.get_payload(decode=True) or b"", ctype))
+        payload = part.get_payload(decode=True)
+        fields.append(Parameter(str(name), payload if isinstance(payload, bytes) else b"", ctype))
     return fields
 
 
@@ -117,8 +129,10 @@ def to_request(
     else:
         params = (Parameter("body", body, _wire.media_type(content_type)),)
     query_params = tuple(Parameter(k, v.encode("utf-8"), None) for k, v in query)
-    ids = {"request_id": request_id} if request_id else {}
-    request = Request(query_params + params, hdrs, url_path=url_path, **ids)
+    if request_id:
+        request = Request(query_params + params, hdrs, url_path=url_path, request_id=request_id)
+    else:
+        request = Request(query_params + params, hdrs, url_path=url_path)
     return dataclasses.replace(request)  # validated once more as a whole (cheap)
 
 

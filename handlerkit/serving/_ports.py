@@ -18,7 +18,7 @@ import errno
 import os
 import socket
 
-__all__ = ["port_holder", "listener_of"]
+__all__ = ["listener_of", "port_holder"]
 
 _LISTEN = "0A"  # the TCP state of a listening socket in /proc/net/tcp
 _COMMAND_CHARS = 80

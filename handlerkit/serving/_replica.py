@@ -32,7 +32,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, cast
 
 import ray
 from ray import serve
@@ -47,9 +48,17 @@ from handlerkit.service import Service
 from handlerkit.serving import _failures
 from handlerkit.serving._batcher import Batcher
 from handlerkit.serving._failures import logger
-from handlerkit.serving._http import (WORKER_DIED, Reply, customized_metadata, description, error_reply, parse_route,
-                                      replies, to_request, worker_error)
-
+from handlerkit.serving._http import (
+    WORKER_DIED,
+    Reply,
+    customized_metadata,
+    description,
+    error_reply,
+    parse_route,
+    replies,
+    to_request,
+    worker_error,
+)
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
 SWITCH_INTERVAL_S = 0.0005  # the replica process's sys.setswitchinterval (see HandlerReplica)
@@ -91,7 +100,8 @@ class HandlerReplica:
             self._batcher = Batcher(self._kind_batch, max_batch_size=settings["batch_size"],
                                     max_delay_s=settings["batch_wait_timeout_s"], solo=("describe",))
         else:  # Ray's @serve.batch
-            for method in (self._predict, self._explain):
+            # serve.batch's wrappers: their setters are not in the methods' signatures.
+            for method in cast("tuple[Any, ...]", (self._predict, self._explain)):
                 method.set_max_batch_size(settings["batch_size"])
                 method.set_batch_wait_timeout_s(settings["batch_wait_timeout_s"])
         self._fields = settings.get("describe") or {}
@@ -182,7 +192,7 @@ class HandlerReplica:
         if self._stuck is not None:
             raise RuntimeError(f"handlerkit: {self._stuck}")
 
-    async def _kind_batch(self, kind: str, requests: list[Any]) -> list[Reply]:
+    async def _kind_batch(self, kind: Hashable, requests: list[Any]) -> list[Reply]:
         return await self._gather(requests)
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
