@@ -65,7 +65,9 @@ def _same_tensor(expected: Any, actual: Any, atol: float, rtol: float) -> bool:
     return bool(torch.allclose(actual.float().cpu(), expected.float().cpu(), atol=atol, rtol=rtol, equal_nan=True))
 
 
-def differences(expected: Any, actual: Any, atol: float = 1e-4, rtol: float = 1e-4, path: str = "") -> Iterator[Difference]:
+def differences(
+    expected: Any, actual: Any, atol: float = 1e-4, rtol: float = 1e-4, path: str = ""
+) -> Iterator[Difference]:
     """Each place where ``actual`` differs from ``expected``, outermost first (the module docstring's rule)."""
     if _number(expected) and _number(actual):
         if not _same_number(expected, actual, atol, rtol):

@@ -57,6 +57,8 @@ def require(module: str, *, feature: str, extra: str | None = None, pip: str | N
 def _is_absent(exc: ImportError, module: str) -> bool:
     """Whether `exc` says `module` itself (or a package above it) is not there."""
     missing = exc.name
-    return isinstance(exc, ModuleNotFoundError) and bool(missing) and (
-        module == missing or module.startswith(f"{missing}.")
+    return (
+        isinstance(exc, ModuleNotFoundError)
+        and bool(missing)
+        and (module == missing or module.startswith(f"{missing}."))
     )

@@ -43,9 +43,7 @@ def render_text(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: st
 def render_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
     """The same table as HTML for Jupyter (escaped; no scripts, no external CSS)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers) if any(headers) else ""
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows)
     caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
     thead = f"<thead><tr>{head}</tr></thead>" if head else ""
     return f"<table class='handlerkit'>{caption}{thead}<tbody>{body}</tbody></table>"

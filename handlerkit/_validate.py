@@ -92,9 +92,7 @@ class Findings:
         else:
             fix = "; ".join(f"{p.path}: {p.fix}" for p in fixes) or None
         raise ConfigError(
-            "\n".join(f"{source}: {p.text}" for p in self.problems),
-            fix=fix,
-            problems=[p.text for p in self.problems],
+            "\n".join(f"{source}: {p.text}" for p in self.problems), fix=fix, problems=[p.text for p in self.problems]
         )
 
 
@@ -154,7 +152,9 @@ def read_yaml(path: str | os.PathLike[str], *, what: str, missing_fix: str) -> A
     except FileNotFoundError as exc:
         raise ConfigError(f"{source}: no such {what} (looked in {os.path.abspath(source)})", fix=missing_fix) from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source}: the {what} cannot be read: {exc}", fix="make it a readable UTF-8 text file") from exc
+        raise ConfigError(
+            f"{source}: the {what} cannot be read: {exc}", fix="make it a readable UTF-8 text file"
+        ) from exc
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

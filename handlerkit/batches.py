@@ -15,6 +15,8 @@ own unit tests also call ``handle([[1.0, 2.0]], ctx)`` with plain items. A batch
 - anything else (a list of floats, a str, bytes, a tensor, a dict with other keys such as
   ``{1: "x"}``): delivered as it is (:meth:`Request.from_item`), with a fresh request id and an
   empty header dict, because no frontend touched it.
+
+:func:`payload` reads one row of ``data`` the one way every handlerkit handler reads it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,45 @@ from handlerkit import _wire
 from handlerkit.context import bind_requests
 from handlerkit.requests import Request, decode_enabled
 
-__all__ = ["Batch", "batch"]
+__all__ = ["Batch", "batch", "payload"]
+
+
+def payload(row: Any) -> Any:
+    """A request's payload, read the one way every handlerkit handler reads it.
+
+    TorchServe's handlers read ``row.get("data") or row.get("body")``; this gives the same
+    value, with the empty case made explicit:
+
+    1. ``row["data"]`` when it holds something: not None and not empty (``or`` skips None,
+       ``b""``, ``""``, ``[]``, ``{}``, ``0``, ``False``; a tensor or an image always counts);
+    2. else ``row["body"]`` when it is not None, empty or not;
+    3. else the empty ``data`` value that was sent, where TorchServe's expression gives None;
+    4. else None: neither key holds anything (a form whose fields have other names).
+
+    An empty body therefore comes back as what the worker decoded: ``bytearray()`` (or ``""``
+    for ``text/*``), never None, so a handler can say "empty body" apart from "no data/body".
+    A row that is not a dict (a raw item, as in ``handle([[1.0, 2.0]], ctx)``) is its own
+    payload and comes back unchanged.
+    """
+    if not isinstance(row, Mapping):
+        return row
+    data, body = row.get("data"), row.get("body")
+    if not _skipped_by_or(data):
+        return data
+    if body is not None:
+        return body
+    return data
+
+
+def _skipped_by_or(value: Any) -> bool:
+    # What `x or y` skips, without asking a tensor or an array for its truth value.
+    if value is None:
+        return True
+    if isinstance(value, (bytes, bytearray, memoryview, str, list, tuple, dict)):
+        return len(value) == 0
+    if isinstance(value, (bool, int, float)):
+        return not value
+    return False
 
 
 def _as_request(index: int, item: Any) -> Request:

@@ -314,8 +314,7 @@ def _parse(data: Any, source: str) -> ModelConfig:
         if not isinstance(key, str):
             found.problem(
                 repr(key),
-                f"top-level key {key!r} must be a string (TorchServe's frontend fails on "
-                f"{type(key).__name__} keys)",
+                f"top-level key {key!r} must be a string (TorchServe's frontend fails on {type(key).__name__} keys)",
                 fix=f"quote it: '{key}'",
             )
             continue
@@ -354,8 +353,7 @@ def _server_value(spec: _Key, value: Any, found: Findings) -> Any:
     elif spec.kind == "str" and spec.choices and value.lower() not in spec.choices:
         hint = suggestion(value, spec.choices, cutoff=0.6, prefix=True)
         found.note(
-            f"{spec.yaml}: {value!r} is not one of {', '.join(spec.choices)}{hint}; "
-            f"TorchServe 0.12 treats it as unset"
+            f"{spec.yaml}: {value!r} is not one of {', '.join(spec.choices)}{hint}; TorchServe 0.12 treats it as unset"
         )
     elif spec.kind == "int_list":
         return list(value)

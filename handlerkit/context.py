@@ -134,11 +134,7 @@ def read_responses(context: Any) -> list[ResponseInfo]:
     """
     processors = getattr(context, "request_processor", None) or []
     return [
-        ResponseInfo(
-            rp.get_response_status_code(),
-            rp.get_response_status_phrase(),
-            dict(rp.get_response_headers()),
-        )
+        ResponseInfo(rp.get_response_status_code(), rp.get_response_status_phrase(), dict(rp.get_response_headers()))
         for rp in processors
     ]
 
@@ -297,15 +293,14 @@ class MockContext:
             "limit_max_image_pixels": limit_max_image_pixels,
         }
         self.model_yaml_config: dict[str, Any] = config
-        self.metrics = metrics if metrics is not None else _recording_metrics(metrics_config)
+        # TorchServe's metrics.yaml, its default or the one given, decides what may be recorded.
+        self.metrics = metrics if metrics is not None else RecordingMetrics(config=_load_metrics_config(metrics_config))
         if getattr(self.metrics, "model_name", "") is None:
             # TorchServe's worker names the metrics cache after the model it loads.
             self.metrics.model_name = model_name
         self.stopping_criteria: list | None = None
         self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
-        self.header_key_sequence_start = os.getenv(
-            "TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start"
-        )
+        self.header_key_sequence_start = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
         self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
         self.cl_socket = _IntermediateResponses()
         self.inferred: dict[str, str] = {}
@@ -456,8 +451,15 @@ class MockContext:
                 ``batchSize`` that is not an integer (one below 1 is raised to 1, as TorchServe does).
         """
         if os.path.isfile(path):  # an archive works wherever a model dir does
-            return cls.from_mar(path, gpu_id=gpu_id, batch_size=batch_size, model_name=model_name, config=config,
-                                limit_max_image_pixels=limit_max_image_pixels, metrics_config=metrics_config)
+            return cls.from_mar(
+                path,
+                gpu_id=gpu_id,
+                batch_size=batch_size,
+                model_name=model_name,
+                config=config,
+                limit_max_image_pixels=limit_max_image_pixels,
+                metrics_config=metrics_config,
+            )
         found = read_model_dir(path, model_name=model_name, config=config)
         if metrics_config is not None:
             metrics_config = resolve_path(found.path, metrics_config, "metrics_config")
@@ -479,13 +481,8 @@ class MockContext:
     def from_mar(cls, path: str | os.PathLike[str], **kwargs: Any) -> MockContext:
         """:meth:`from_model_dir` on a ``.mar``/``.tar.gz``: see :func:`handlerkit.archive.context_from_mar`."""
         from handlerkit.archive import context_from_mar
+
         return context_from_mar(cls, path, **kwargs)
-
-
-def _recording_metrics(metrics_config: str | os.PathLike[str] | None) -> Any:
-    """A fresh RecordingMetrics configured by TorchServe's metrics.yaml (None: its default)."""
-    config = _load_metrics_config(metrics_config) if _load_metrics_config is not None else None
-    return RecordingMetrics(config=config) if config is not None else RecordingMetrics()
 
 
 def _plain_config(config: Any) -> dict[str, Any]:

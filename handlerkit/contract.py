@@ -21,7 +21,15 @@ from typing import Any
 
 from handlerkit.summaries import describe
 
-__all__ = ["HANDLER_STAGES", "STAGES", "Problem", "check_output", "check_statuses", "response_statuses", "skipped_stages"]
+__all__ = [
+    "HANDLER_STAGES",
+    "STAGES",
+    "Problem",
+    "check_output",
+    "check_statuses",
+    "response_statuses",
+    "skipped_stages",
+]
 
 #: The stage methods of TorchServe's BaseHandler that ``handle`` runs, in order.
 HANDLER_STAGES = ("preprocess", "inference", "postprocess")
@@ -177,8 +185,13 @@ def check_statuses(statuses: Sequence[tuple[Any, Any]], stage: str = "handle") -
     for index, (code, _phrase) in enumerate(statuses):
         if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
             problems.append(
-                Problem("status", f"response status {code!r} is not an HTTP status code",
-                        "use context.set_response_status(code, phrase, idx) with 100..599", stage, index)
+                Problem(
+                    "status",
+                    f"response status {code!r} is not an HTTP status code",
+                    "use context.set_response_status(code, phrase, idx) with 100..599",
+                    stage,
+                    index,
+                )
             )
     return problems
 

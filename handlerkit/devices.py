@@ -56,12 +56,7 @@ def xla_available() -> bool:
 
 def availability() -> dict[str, bool]:
     """Availability of each accelerator kind, in handlerkit's order of preference."""
-    return {
-        "cuda": cuda_available(),
-        "xpu": xpu_available(),
-        "mps": mps_available(),
-        "xla": xla_available(),
-    }
+    return {"cuda": cuda_available(), "xpu": xpu_available(), "mps": mps_available(), "xla": xla_available()}
 
 
 def xla_device() -> Any:

@@ -25,19 +25,45 @@ from handlerkit._text import did_you_mean
 from handlerkit.errors import HandlerkitError, RequestError
 from handlerkit.requests import Request
 
-__all__ = ["ENVELOPES", "BodyEnvelope", "Envelope", "JSONEnvelope", "KServeEnvelope", "KServeV2Envelope",
-           "get_envelope", "request", "unwrap_response", "wrap"]
+__all__ = [
+    "ENVELOPES",
+    "BodyEnvelope",
+    "Envelope",
+    "JSONEnvelope",
+    "KServeEnvelope",
+    "KServeV2Envelope",
+    "get_envelope",
+    "request",
+    "unwrap_response",
+    "wrap",
+]
 
 Handle = Callable[[Any, Any], Any]
 _JSON_FIX = "send a JSON object with the header Content-Type: application/json"
 # KServe v2 datatype by numpy dtype name, else dtype kind (as ts/.../kservev2.py maps them).
 _V2_DATATYPES = {
-    "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "int8": "INT8",
-    "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16", "float32": "FP32", "float64": "FP64",
-    "object": "BYTES", "U": "BYTES",
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+    "object": "BYTES",
+    "U": "BYTES",
 }
 # What the request builder infers from plain Python values (first match wins).
-_PY_DATATYPES: list[tuple[set[type], str]] = [({bool}, "BOOL"), ({int}, "INT64"), ({int, float}, "FP64"), ({str}, "BYTES")]
+_PY_DATATYPES: list[tuple[set[type], str]] = [
+    ({bool}, "BOOL"),
+    ({int}, "INT64"),
+    ({int, float}, "FP64"),
+    ({str}, "BYTES"),
+]
 
 
 class Envelope:
@@ -72,7 +98,9 @@ class Envelope:
         if not data:
             raise HandlerkitError(
                 f"the handler returned {type(results).__name__} {results!r:.60} for an empty batch; the "
-                f"{self.name} envelope has no request to format it for", fix="return [] for an empty batch")
+                f"{self.name} envelope has no request to format it for",
+                fix="return [] for an empty batch",
+            )
         return self.format_output(results)
 
     def parse_input(self, data: list[Any]) -> Any:
@@ -97,7 +125,8 @@ def _only_body(name: str, data: list[Any], keys: str) -> dict:
         raise HandlerkitError(
             f"the {name} envelope reads only the first request of a batch: got {len(data)} requests. TorchServe "
             "would run the handler on request 0 alone, then fail them all: 503 'number of batch response mismatched'",
-            fix="set batchSize: 1 in model-config.yaml (KServe batches on its side), or use the json envelope")
+            fix="set batchSize: 1 in model-config.yaml (KServe batches on its side), or use the json envelope",
+        )
     body = _body(data[0], 0)
     if isinstance(body, (bytes, bytearray)):
         try:
@@ -105,8 +134,11 @@ def _only_body(name: str, data: list[Any], keys: str) -> dict:
         except ValueError as exc:  # UnicodeDecodeError is a ValueError
             raise RequestError(f"request 0: the {name} body is not UTF-8 JSON ({exc})", 0, fix=_JSON_FIX) from exc
     if not isinstance(body, dict):
-        raise RequestError(f"request 0: the {name} envelope needs a JSON object with {keys}: got a "
-                           f"{type(body).__name__}", 0, fix=_JSON_FIX)
+        raise RequestError(
+            f"request 0: the {name} envelope needs a JSON object with {keys}: got a {type(body).__name__}",
+            0,
+            fix=_JSON_FIX,
+        )
     return body
 
 
@@ -150,24 +182,39 @@ class JSONEnvelope(Envelope):
     def _instances(self, row: Any, index: int) -> list[Any]:
         body = _body(row, index) or row  # a row without data/body is read as the body itself
         if not isinstance(body, dict):
-            raise RequestError(f"request {index}: the json envelope needs a parsed JSON object with 'instances': got "
-                               f"a {type(body).__name__} (TorchServe fails with a TypeError)", index, fix=_JSON_FIX)
+            raise RequestError(
+                f"request {index}: the json envelope needs a parsed JSON object with 'instances': got "
+                f"a {type(body).__name__} (TorchServe fails with a TypeError)",
+                index,
+                fix=_JSON_FIX,
+            )
         rows = body.get("instances")
         if not isinstance(rows, list) or not rows:
             got = f"'instances': {rows!r:.60}" if "instances" in body else f"keys {sorted(body)}"
-            raise RequestError(f"request {index}: the json envelope needs a non-empty list under 'instances': got "
-                               f"{got}", index, fix='send {"instances": [instance, ...]}')
+            raise RequestError(
+                f"request {index}: the json envelope needs a non-empty list under 'instances': got {got}",
+                index,
+                fix='send {"instances": [instance, ...]}',
+            )
         if not isinstance(rows[0], dict):
             return rows
         out = []
         for j, item in enumerate(rows):
             if not isinstance(item, dict):
-                raise RequestError(f"request {index}: instance {j} is a {type(item).__name__} but instance 0 is an "
-                                   "object; the json envelope needs all or none of them to be objects", index)
+                raise RequestError(
+                    f"request {index}: instance {j} is a {type(item).__name__} but instance 0 is an "
+                    "object; the json envelope needs all or none of them to be objects",
+                    index,
+                )
             try:
-                out.append(base64.b64decode(item["b64"]) if list(item) == ["b64"] else {
-                    k: base64.b64decode(v["b64"]) if isinstance(v, dict) and list(v) == ["b64"] else v
-                    for k, v in item.items()})
+                out.append(
+                    base64.b64decode(item["b64"])
+                    if list(item) == ["b64"]
+                    else {
+                        k: base64.b64decode(v["b64"]) if isinstance(v, dict) and list(v) == ["b64"] else v
+                        for k, v in item.items()
+                    }
+                )
             except (binascii.Error, TypeError, ValueError) as exc:
                 raise RequestError(f"request {index}: instance {j} holds invalid base64 ({exc})", index) from exc
         return out
@@ -179,14 +226,17 @@ class JSONEnvelope(Envelope):
             raise HandlerkitError(
                 f"under the json envelope the handler must return one item per instance: got {got} for {total} "
                 f"instances (requests of {', '.join(map(str, self._lengths))})",
-                fix="return a list as long as the list the handler received")
+                fix="return a list as long as the list the handler received",
+            )
         out, cursor = [], 0
         for i, n in enumerate(self._lengths):
             try:
                 out.append(json.dumps({"predictions": results[cursor : cursor + n]}))
             except (TypeError, ValueError) as exc:
-                raise HandlerkitError(f"the predictions for request {i} are not JSON-serialisable ({exc})",
-                                      fix="convert tensors and arrays with .tolist()") from exc
+                raise HandlerkitError(
+                    f"the predictions for request {i} are not JSON-serialisable ({exc})",
+                    fix="convert tensors and arrays with .tolist()",
+                ) from exc
             cursor += n
         return out
 
@@ -205,8 +255,11 @@ class KServeEnvelope(Envelope):
     def parse_input(self, data: list[Any]) -> Any:
         body = _only_body(self.name, data, "'instances'")
         if body.get("instances") is None:
-            raise RequestError(f"request 0: the kserve body has no 'instances': keys {sorted(body)}", 0,
-                               fix='send {"instances": [instance, ...]}')
+            raise RequestError(
+                f"request 0: the kserve body has no 'instances': keys {sorted(body)}",
+                0,
+                fix='send {"instances": [instance, ...]}',
+            )
         return body["instances"]
 
     def format_output(self, results: Any) -> list[dict[str, Any]]:
@@ -235,8 +288,11 @@ class KServeV2Envelope(Envelope):
         body = _only_body(self.name, data, "'inputs'")
         if not isinstance(body.get("inputs"), list):
             got = body.get("inputs")
-            raise RequestError(f"request 0: the kservev2 body needs a list under 'inputs': got {got!r:.60}", 0,
-                               fix='send {"inputs": [{"name", "shape", "datatype", "data"}, ...]}')
+            raise RequestError(
+                f"request 0: the kservev2 body needs a list under 'inputs': got {got!r:.60}",
+                0,
+                fix='send {"inputs": [{"name", "shape", "datatype", "data"}, ...]}',
+            )
         parsed = [self._input(inp, k) for k, inp in enumerate(body["inputs"])]
         rid = body.get("id")
         if rid and not isinstance(rid, str):
@@ -254,8 +310,11 @@ class KServeV2Envelope(Envelope):
         keys = ["name", "datatype", "data"] + ([] if is_bytes else ["shape"])
         missing = [key for key in keys if not isinstance(inp, dict) or key not in inp]
         if missing:
-            raise RequestError(f"request 0: kservev2 input {k} lacks {', '.join(missing)}: got {inp!r:.80}", 0,
-                               fix='each input is {"name", "shape", "datatype", "data"}')
+            raise RequestError(
+                f"request 0: kservev2 input {k} lacks {', '.join(missing)}: got {inp!r:.80}",
+                0,
+                fix='each input is {"name", "shape", "datatype", "data"}',
+            )
         if inp["datatype"] == "BYTES":
             if not isinstance(inp["data"], list) or not inp["data"]:
                 raise RequestError(f"request 0: BYTES input {inp['name']!r} needs a non-empty data list", 0)
@@ -265,25 +324,34 @@ class KServeV2Envelope(Envelope):
         try:
             return {**inp, "data": np.array(inp["data"]).reshape(tuple(inp["shape"])).tolist()}
         except (TypeError, ValueError) as exc:
-            raise RequestError(f"request 0: kservev2 input {inp['name']!r} does not fit shape {inp['shape']}: {exc}",
-                               0) from exc
+            raise RequestError(
+                f"request 0: kservev2 input {inp['name']!r} does not fit shape {inp['shape']}: {exc}", 0
+            ) from exc
 
     def format_output(self, results: Any) -> list[dict[str, Any]]:
         ctx = self.context
         names = getattr(ctx, "input_names", [])
         if not isinstance(results, (list, tuple)) or len(results) > len(names):
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
-            raise HandlerkitError(f"under the kservev2 envelope the handler must return a list of at most one result "
-                                  f"per input: got {got} for inputs {names}",
-                                  fix="return [output for input 0, output for input 1, ...]")
+            raise HandlerkitError(
+                f"under the kservev2 envelope the handler must return a list of at most one result "
+                f"per input: got {got} for inputs {names}",
+                fix="return [output for input 0, output for input 1, ...]",
+            )
         rid = getattr(ctx, "input_request_id", None) or ctx.get_request_id(0)
         for attr in ("input_names", "input_request_id"):
             if hasattr(ctx, attr):
                 delattr(ctx, attr)
         model = (getattr(ctx, "manifest", None) or {}).get("model") or {}
         outputs = [self._output(item, names[i]) for i, item in enumerate(results)]
-        return [{"id": rid, "model_name": model.get("modelName"), "model_version": model.get("modelVersion"),
-                 "outputs": outputs}]
+        return [
+            {
+                "id": rid,
+                "model_name": model.get("modelName"),
+                "model_version": model.get("modelVersion"),
+                "outputs": outputs,
+            }
+        ]
 
     @staticmethod
     def _output(item: Any, name: str) -> dict[str, Any]:
@@ -294,12 +362,16 @@ class KServeV2Envelope(Envelope):
                 item = item.numpy()  # what np.array(tensor) does, without numpy 2's copy-keyword warning
             flat = np.array(item).flatten()
         except Exception as exc:  # CUDA or bfloat16 tensors, ragged lists...
-            raise HandlerkitError(f"output {name!r} cannot become a numpy array ({exc})",
-                                  fix="return nested lists or CPU tensors (.cpu().tolist())") from exc
+            raise HandlerkitError(
+                f"output {name!r} cannot become a numpy array ({exc})",
+                fix="return nested lists or CPU tensors (.cpu().tolist())",
+            ) from exc
         datatype = _V2_DATATYPES.get(str(flat.dtype)) or _V2_DATATYPES.get(flat.dtype.kind)
         if datatype is None:
-            raise HandlerkitError(f"output {name!r} has dtype {flat.dtype}, which KServe v2 cannot name",
-                                  fix="return bool, int, float or str values")
+            raise HandlerkitError(
+                f"output {name!r} has dtype {flat.dtype}, which KServe v2 cannot name",
+                fix="return bool, int, float or str values",
+            )
         return {"name": name, "datatype": datatype, "data": flat.tolist(), "shape": flat.shape}
 
 
@@ -319,7 +391,8 @@ def get_envelope(name: str) -> type[Envelope]:
     raise HandlerkitError(
         f"unknown service envelope {name!r}: TorchServe 0.12 knows {', '.join(ENVELOPES)} (with another name its "
         "worker fails to load the model)" + (f"; did you mean {guess!r}?" if guess else ""),
-        fix=f"use service_envelope={guess or 'json'}")
+        fix=f"use service_envelope={guess or 'json'}",
+    )
 
 
 def wrap(handle: Handle, name: str | None) -> Handle:
@@ -390,8 +463,12 @@ def _v2_input(inp: Mapping[str, Any]) -> dict[str, Any]:
         dtype = next((t for types, t in _PY_DATATYPES if kinds and kinds <= types), None)
     if dtype is None and "datatype" not in inp:
         raise ValueError(f"cannot infer the datatype of input {inp['name']!r}: pass 'datatype'")
-    return {"name": inp["name"], "shape": list(inp.get("shape", shape)), "datatype": inp.get("datatype", dtype),
-            "data": flat}
+    return {
+        "name": inp["name"],
+        "shape": list(inp.get("shape", shape)),
+        "datatype": inp.get("datatype", dtype),
+        "data": flat,
+    }
 
 
 def _shape_and_flat(data: Sequence[Any]) -> tuple[list[int], list[Any]]:

@@ -129,12 +129,7 @@ def _require_file(path: str, role: str) -> None:
 
 
 def load_model(
-    fmt: str,
-    *,
-    device: Any,
-    model_dir: str,
-    model_pt_path: str | None,
-    model_file: str | None = None,
+    fmt: str, *, device: Any, model_dir: str, model_pt_path: str | None, model_file: str | None = None
 ) -> LoadedModel:
     """Load a model of format ``fmt`` onto ``device``.
 
@@ -212,8 +207,7 @@ def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, devi
             raise ModelLoadError(
                 f"torch.load({model_pt_path!r}, weights_only=True) failed: {exc}",
                 path=model_pt_path,
-                fix="save the weights with torch.save(model.state_dict(), path) (a pickled whole model "
-                "is not loaded)",
+                fix="save the weights with torch.save(model.state_dict(), path) (a pickled whole model is not loaded)",
             ) from exc
         if not isinstance(state_dict, dict):
             raise ModelLoadError(
@@ -225,7 +219,9 @@ def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, devi
         details["state_dict_tensors"] = len(state_dict)
     model.to(device)
     model.eval()
-    return LoadedModel(model, "eager", f"{model_class.__name__}() + torch.load(weights_only=True)", model_pt_path, details)
+    return LoadedModel(
+        model, "eager", f"{model_class.__name__}() + torch.load(weights_only=True)", model_pt_path, details
+    )
 
 
 def _load_state_dict(model: Any, state_dict: dict, path: str, class_name: str) -> None:
@@ -398,7 +394,9 @@ def _load_export(path: str, device: Any) -> LoadedModel:
 _AOTI_CONFIGS = {"aot_inductor.check_lowerbound": False}
 
 
-def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt: str, *, dynamic_batch: bool = True) -> str:
+def export_model(
+    model: Any, example_inputs: tuple, path: str | os.PathLike, fmt: str, *, dynamic_batch: bool = True
+) -> str:
     """Write ``model`` in format ``fmt`` so handlerkit and TorchServe can load it.
 
     Args:
@@ -439,9 +437,7 @@ def export_model(model: Any, example_inputs: tuple, path: str | os.PathLike, fmt
         for module in ("onnx", "onnxscript"):
             require(module, feature="exporting to ONNX", extra="onnx")
         names = [f"input_{i}" for i in range(len(example_inputs))]
-        torch.onnx.export(
-            model, example_inputs, path, input_names=names, dynamic_shapes=dynamic_shapes, verbose=False
-        )
+        torch.onnx.export(model, example_inputs, path, input_names=names, dynamic_shapes=dynamic_shapes, verbose=False)
     elif fmt in ("aoti", "export"):
         program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
         if fmt == "export":

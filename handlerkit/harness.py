@@ -25,7 +25,6 @@ result for each stage ``handle`` called (:mod:`handlerkit.recording` watches the
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import time
 import warnings
@@ -106,7 +105,6 @@ class Harness(Reports):
         self._capture: Capture | None = None
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
-        self._after_initialize: Any = None  # the config as initialize left it (see _fresh_config)
         self._handler_files = failures.handler_files(self.function or self.handler)
 
     @classmethod
@@ -226,7 +224,9 @@ class Harness(Reports):
         """Open a capture unless one is open already (a step inside a run); None then."""
         if self._capture is not None:
             return None
-        capture = Capture(self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry)
+        capture = Capture(
+            self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry
+        )
         self._capture = capture.__enter__()
         return capture
 
@@ -275,8 +275,15 @@ class Harness(Reports):
         that reshapes the data)."""
         batch = self.batch if request_count is not None else None  # initialize is about no request
         return failures.batch_error(
-            stage, exc, handler=self.handler, handler_name=self.name, batch=batch, context=self.context,
-            imports=self.imports, handler_files=self._handler_files, on_batch_data=on_batch_data,
+            stage,
+            exc,
+            handler=self.handler,
+            handler_name=self.name,
+            batch=batch,
+            context=self.context,
+            imports=self.imports,
+            handler_files=self._handler_files,
+            on_batch_data=on_batch_data,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:
@@ -284,28 +291,15 @@ class Harness(Reports):
             warnings.warn(f"handlerkit: {problem}", HandlerkitWarning, stacklevel=user_stacklevel())
 
     # -- the stages ----------------------------------------------------------------------
-    def _fresh_config(self) -> None:
-        """Hand the handler a copy of the model config: TorchServe's BaseHandler.initialize
-        deletes ``pt2.compile.enable`` from it, which would break a second initialize."""
-        config = getattr(self.context, "model_yaml_config", None)
-        if not isinstance(config, dict):
-            return
-        if config is not getattr(self, "_handed_config", None) or config != self._after_initialize:
-            self._pristine_config = copy.deepcopy(config)  # the user set a new config, or edited it
-        self._handed_config = copy.deepcopy(self._pristine_config)
-        self.context.model_yaml_config = self._handed_config
-
     def initialize(self) -> StageResult:
         """Run the handler's ``initialize(context)`` (``handle(None, context)`` for functions)."""
         self.results.clear()
-        self._fresh_config()
         service = self.service
         with service.running("initialize", max_age=0):  # a fresh look at the dir; the stage nests inside
             result = self._step("initialize", lambda _: service.initialize(), None, None)
             decisions = getattr(self.handler, "decisions", None)
             if decisions is not None and result.output is None:
                 result.output = decisions
-        self._after_initialize = copy.deepcopy(getattr(self.context, "model_yaml_config", None))
         return result
 
     def preprocess(self, batch_or_data: Any) -> StageResult:
@@ -345,6 +339,7 @@ class Harness(Reports):
 
     def _count(self) -> int | None:
         return len(self.batch) if self.batch is not None else None
+
     def _last_output(self, stage: str, wanted_by: str) -> Any:
         result = self.results.get(stage)
         if result is None or not result.ok:
@@ -387,7 +382,11 @@ class Harness(Reports):
         try:
             recorder = self._recorder()
             current = self._current_capture
-            marks = (len(current.warnings), len(current.logs), recorder.metrics.mark() if recorder.metrics is not None else 0)
+            marks = (
+                len(current.warnings),
+                len(current.logs),
+                recorder.metrics.mark() if recorder.metrics is not None else 0,
+            )
             data, entry, error, output = batch.data, self.entry, None, None
             spied = self._spied
             if spied:
@@ -409,7 +408,9 @@ class Harness(Reports):
             if error is not None:
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
-                failed.error = self._stage_error(stage, error, count, on_batch_data=lap is not None and lap.input is data)
+                failed.error = self._stage_error(
+                    stage, error, count, on_batch_data=lap is not None and lap.input is data
+                )
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
@@ -430,12 +431,22 @@ class Harness(Reports):
             mode = "stages" if any(s in stages for s in HANDLER_STAGES) else "handle"
         return Run(output=output, stages=stages, batch_size=count, mode=mode, handle_ms=handle_ms, source=self.handler)
 
-    def _handle_result(self, data: Any, output: Any, handle_ms: float, marks: tuple[int, int, int], recorder: Recorder) -> StageResult:
+    def _handle_result(
+        self, data: Any, output: Any, handle_ms: float, marks: tuple[int, int, int], recorder: Recorder
+    ) -> StageResult:
         """The single ``handle`` stage of a run in which handle called no stage method."""
         capture, metrics = self._current_capture, recorder.metrics
         records = metrics.since(marks[2]) if metrics is not None else []
-        result = StageResult("handle", data, output, handle_ms, warnings=capture.warnings[marks[0]:],
-                             logs=capture.logs[marks[1]:], metrics=records, source=recorder.source)
+        result = StageResult(
+            "handle",
+            data,
+            output,
+            handle_ms,
+            warnings=capture.warnings[marks[0] :],
+            logs=capture.logs[marks[1] :],
+            metrics=records,
+            source=recorder.source,
+        )
         self.results["handle"] = result
         return result
 

@@ -177,9 +177,7 @@ def list_classes(module: ModuleType, parent_class: type | None = None) -> list[t
     count. With `parent_class`, only its subclasses.
     """
     classes = [
-        member
-        for _, member in inspect.getmembers(module, inspect.isclass)
-        if member.__module__ == module.__name__
+        member for _, member in inspect.getmembers(module, inspect.isclass) if member.__module__ == module.__name__
     ]
     if parent_class is not None:
         classes = [c for c in classes if issubclass(c, parent_class)]
@@ -286,7 +284,7 @@ def _import_failed(spec: str, name: str, scope: str | None, exc: BaseException, 
             )
         else:
             message += (
-                f"\nTorchServe 0.12 would have hidden this error behind \"{hidden}\" (when a handler "
+                f'\nTorchServe 0.12 would have hidden this error behind "{hidden}" (when a handler '
                 f"fails to import it retries the name as one of its built-in handlers)"
             )
     if isinstance(exc, ModuleNotFoundError) and exc.name:
@@ -329,7 +327,9 @@ def _module_origin(name: str, scope: str | None) -> str | None:
 def _not_found(spec: str, name: str, mdir: str | None) -> HandlerLoadError:
     looked = []
     if mdir is not None:
-        looked.append(f"module {name!r} in the model dir {mdir} ({name.replace('.', '/')}.py or package), then on sys.path")
+        looked.append(
+            f"module {name!r} in the model dir {mdir} ({name.replace('.', '/')}.py or package), then on sys.path"
+        )
     else:
         looked.append(f"module {name!r} on sys.path (no model dir given)")
     candidates: list[str] = list(_provided(mdir)) if mdir is not None else []
@@ -386,13 +386,15 @@ def _entry_point(
         names = ", ".join(c.__name__ for c in classes)
         raise HandlerLoadError(
             f"handler {spec!r}: {label} defines {len(classes)} classes ({names}) and no function 'handle'; "
-            f"TorchServe needs exactly one class or a function entry point (it raises \"Expected only one "
-            f"class in custom service code or a function entry point\")",
+            f'TorchServe needs exactly one class or a function entry point (it raises "Expected only one '
+            f'class in custom service code or a function entry point")',
             fix=f"keep one class in the module (move helpers to another file) or name the function: {suggestion!r}",
         )
     if not classes:
         imported = [
-            n for n, c in inspect.getmembers(module, inspect.isclass) if hasattr(c, "handle") and c.__module__ != module.__name__
+            n
+            for n, c in inspect.getmembers(module, inspect.isclass)
+            if hasattr(c, "handle") and c.__module__ != module.__name__
         ]
         seen = (
             f"; it imports {', '.join(imported)}, but classes imported from elsewhere do not count "
@@ -467,9 +469,21 @@ def _builtin_names(package: str) -> list[str]:
 # ts/torch_handler in TorchServe 0.12, for messages when torchserve is not installed here (a
 # server always has its built-ins); the packages among them.
 _TORCHSERVE_BUILTINS = (
-    "base_handler", "contractions", "dali_handler", "dali_image_classifier", "densenet_handler",
-    "distributed", "image_classifier", "image_segmenter", "object_detector", "request_envelope",
-    "text_classifier", "text_handler", "trt_llm_handler", "vision_handler", "vllm_handler",
+    "base_handler",
+    "contractions",
+    "dali_handler",
+    "dali_image_classifier",
+    "densenet_handler",
+    "distributed",
+    "image_classifier",
+    "image_segmenter",
+    "object_detector",
+    "request_envelope",
+    "text_classifier",
+    "text_handler",
+    "trt_llm_handler",
+    "vision_handler",
+    "vllm_handler",
 )
 _TORCHSERVE_PACKAGES = ("distributed", "request_envelope")
 

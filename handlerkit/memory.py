@@ -324,10 +324,7 @@ class MemoryTracker:
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if not self.enabled:
             return
@@ -374,4 +371,3 @@ class MemoryTracker:
             parts.append(f"cuda_peak={format_bytes(self.cuda_peak_bytes)}")
             parts.append(f"cuda_peak_delta={format_bytes(self.cuda_peak_delta_bytes)}")
         return f"MemoryTracker({', '.join(parts)})"
-

@@ -25,22 +25,9 @@ from typing import Any, NamedTuple
 
 from handlerkit._stack import user_stacklevel as _user_stacklevel
 from handlerkit.errors import HandlerkitWarning
-from handlerkit.metrics_config import (
-    MetricsConfig,
-    MetricType,
-    UndeclaredMetricError,
-    _metric_type,
-    undeclared_error,
-)
+from handlerkit.metrics_config import MetricsConfig, MetricType, UndeclaredMetricError, _metric_type, undeclared_error
 
-__all__ = [
-    "Dimension",
-    "MetricRecord",
-    "MetricType",
-    "RecordedMetric",
-    "RecordingMetrics",
-    "UndeclaredMetricError",
-]
+__all__ = ["Dimension", "MetricRecord", "MetricType", "RecordedMetric", "RecordingMetrics", "UndeclaredMetricError"]
 
 
 # TorchServe's ts/metrics/unit.py: the unit names written in its metric log lines.
@@ -73,8 +60,7 @@ def _dimensions(dimensions: Any) -> dict[str, Any]:
         return dict(dimensions)
     if isinstance(dimensions, (str, bytes)) or not isinstance(dimensions, Iterable):
         raise TypeError(
-            "dimensions must be a list of Dimension(name, value) objects or a dict: "
-            f"got {type(dimensions).__name__}"
+            f"dimensions must be a list of Dimension(name, value) objects or a dict: got {type(dimensions).__name__}"
         )
     out: dict[str, Any] = {}
     for dim in dimensions:
@@ -83,9 +69,7 @@ def _dimensions(dimensions: Any) -> dict[str, Any]:
         elif isinstance(dim, tuple) and len(dim) == 2:
             out[dim[0]] = dim[1]
         else:
-            raise TypeError(
-                f"each dimension must be a Dimension(name, value) or a (name, value) pair: got {dim!r}"
-            )
+            raise TypeError(f"each dimension must be a Dimension(name, value) or a (name, value) pair: got {dim!r}")
     return out
 
 
@@ -94,9 +78,7 @@ def _check_value(name: str, value: Any) -> None:
     # would log a gauge of any type; a metric that is not a number is a bug either way.
     if not isinstance(value, numbers.Real):
         hint = " (call .item() on a tensor)" if hasattr(value, "item") else ""
-        raise TypeError(
-            f"metric {name!r} needs a number: got {type(value).__name__} {value!r}{hint}"
-        )
+        raise TypeError(f"metric {name!r} needs a number: got {type(value).__name__} {value!r}{hint}")
 
 
 @dataclass(frozen=True)
@@ -161,12 +143,7 @@ class RecordedMetric:
         self.dimension_names: list[str] = list(dimension_names or [])
         self.metric_type = metric_type
 
-    def add_or_update(
-        self,
-        value: float,
-        dimension_values: Sequence[Any] = (),
-        request_id: str | None = "",
-    ) -> None:
+    def add_or_update(self, value: float, dimension_values: Sequence[Any] = (), request_id: str | None = "") -> None:
         """Record a value, with one dimension value per dimension name.
 
         Like TorchServe, a wrong number of dimension values or a negative counter is dropped
@@ -306,9 +283,7 @@ class RecordingMetrics:
     ) -> None:
         """Add a size, in ``"MB"`` (default), ``"kB"``, ``"GB"`` or ``"B"`` (a gauge by default)."""
         if unit not in ("MB", "kB", "GB", "B"):
-            raise ValueError(
-                f"the unit for a size based metric is one of ['MB', 'kB', 'GB', 'B']: got {unit!r}"
-            )
+            raise ValueError(f"the unit for a size based metric is one of ['MB', 'kB', 'GB', 'B']: got {unit!r}")
         self._add(name, value, unit, idx, dimensions, metric_type)
 
     def add_percent(
@@ -352,12 +327,14 @@ class RecordingMetrics:
             raise TypeError(f"`unit` must be a str: got {unit!r}")
         allowed = list if self.config is not None else (list, tuple)  # TorchServe wants a list
         if dimension_names and not isinstance(dimension_names, allowed):
-            raise TypeError(
-                f"`dimension_names` should be a list of dimension name strings: got {dimension_names!r}"
-            )
+            raise TypeError(f"`dimension_names` should be a list of dimension name strings: got {dimension_names!r}")
         kind = _metric_type(metric_type, strict=self.config is not None)
         spec = self.config.get(metric_name, kind) if self.config is not None else None
-        if spec is not None and self.config is not None and (unit, tuple(dimension_names or ())) != (spec.unit, spec.dimensions):
+        if (
+            spec is not None
+            and self.config is not None
+            and (unit, tuple(dimension_names or ())) != (spec.unit, spec.dimensions)
+        ):
             warnings.warn(
                 f"handlerkit: add_metric_to_cache({metric_name!r}) replaces the {kind.value} that "
                 f"{self.config.source} declares (unit {spec.unit!r}, dimensions "
@@ -457,15 +434,7 @@ class RecordingMetrics:
             return ",".join(str(v) for v in ids.values())
         return ids
 
-    def _add(
-        self,
-        name: str,
-        value: float,
-        unit: str,
-        idx: int | None,
-        dimensions: Any,
-        metric_type: Any,
-    ) -> None:
+    def _add(self, name: str, value: float, unit: str, idx: int | None, dimensions: Any, metric_type: Any) -> None:
         kind = _metric_type(metric_type, strict=self.config is not None)
         req_id = self._get_req(idx)
         dims = _dimensions(dimensions)

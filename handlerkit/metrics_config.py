@@ -190,8 +190,7 @@ def undeclared_error(
         if any(spec.name == name for spec in config.ts_metrics):
             message += "; it is a frontend metric (ts_metrics), which handlers cannot get"
         where = (
-            "a metrics YAML and pass it as metrics_config=<path> (TorchServe: metrics_config in "
-            "config.properties)"
+            "a metrics YAML and pass it as metrics_config=<path> (TorchServe: metrics_config in config.properties)"
             if config.is_default
             else f"{config.source} (metrics_config={config.source})"
         )
@@ -242,8 +241,7 @@ def parse_metrics_config(data: Any, source: str) -> MetricsConfig:
     """
     if data is None:
         raise ConfigError(
-            f"{source}: the metrics config is empty; TorchServe 0.12's worker needs a "
-            "model_metrics section",
+            f"{source}: the metrics config is empty; TorchServe 0.12's worker needs a model_metrics section",
             fix=f"declare the handler's metrics, e.g. {_EXAMPLE}",
         )
     if not isinstance(data, Mapping):
@@ -268,8 +266,7 @@ def parse_metrics_config(data: Any, source: str) -> MetricsConfig:
         )
     elif not data["model_metrics"]:
         problems.append(
-            "model_metrics is empty; TorchServe 0.12's worker fails to start "
-            "(\"Missing `model_metrics` specification\")"
+            'model_metrics is empty; TorchServe 0.12\'s worker fails to start ("Missing `model_metrics` specification")'
         )
     model = _section(data.get("model_metrics"), "model_metrics", problems, needs_dimensions=True)
     frontend = _section(data.get("ts_metrics"), "ts_metrics", problems, needs_dimensions=False)
@@ -310,9 +307,7 @@ def _section(value: Any, where: str, problems: list[str], *, needs_dimensions: b
     return specs
 
 
-def _entry(
-    entry: Any, where: str, kind: MetricType, problems: list[str], needs_dimensions: bool
-) -> MetricSpec | None:
+def _entry(entry: Any, where: str, kind: MetricType, problems: list[str], needs_dimensions: bool) -> MetricSpec | None:
     if not isinstance(entry, Mapping):
         problems.append(f"{where}: expected {{name: ..., unit: ..., dimensions: [...]}}: got {describe(entry)}")
         return None
@@ -390,7 +385,7 @@ _DEFAULT_DATA: dict[str, Any] = {
         "gauge": [
             {"name": "HandlerTime", "unit": "ms", "dimensions": ["ModelName", "Level"]},
             {"name": "PredictionTime", "unit": "ms", "dimensions": ["ModelName", "Level"]},
-        ],
+        ]
     },
 }
 

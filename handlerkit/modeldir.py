@@ -77,10 +77,7 @@ class ModelDir:
 
 
 def read_model_dir(
-    path: str | os.PathLike[str],
-    *,
-    model_name: str | None = None,
-    config: str | os.PathLike[str] | None = None,
+    path: str | os.PathLike[str], *, model_name: str | None = None, config: str | os.PathLike[str] | None = None
 ) -> ModelDir:
     """Read a model dir's manifest (or infer one, with a warning) and its model config.
 
@@ -113,13 +110,7 @@ def read_model_dir(
         _warn_inferred(model_dir, manifest)
     config_path = _config_path(model_dir, config, manifest["model"], manifest_from_file=not inferred)
     yaml_config = read_config(config_path) if config_path is not None else {}
-    return ModelDir(
-        path=model_dir,
-        manifest=manifest,
-        inferred=inferred,
-        config_path=config_path,
-        config=yaml_config,
-    )
+    return ModelDir(path=model_dir, manifest=manifest, inferred=inferred, config_path=config_path, config=yaml_config)
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -138,7 +129,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ModelLoadError(f"cannot read {path}: {exc}", path=str(path), fix=fix) from exc
     if not isinstance(manifest, dict) or not isinstance(manifest.get("model"), dict):
         raise ModelLoadError(
-            f"{path} must be a JSON object with a \"model\" object, as torch-model-archiver "
+            f'{path} must be a JSON object with a "model" object, as torch-model-archiver '
             f'writes: {{"runtime": "python", "model": {{"modelName": ..., "handler": ...}}}}',
             path=str(path),
             fix=fix,
@@ -205,11 +196,7 @@ def resolve_path(model_dir: Path, given: str | os.PathLike[str], what: str) -> P
     if path.is_absolute():
         if path.is_file():
             return path
-        raise ModelLoadError(
-            f"{what} {os.fspath(given)!r} does not exist",
-            path=os.fspath(given),
-            fix="check the path",
-        )
+        raise ModelLoadError(f"{what} {os.fspath(given)!r} does not exist", path=os.fspath(given), fix="check the path")
     for candidate in (model_dir / path, Path.cwd() / path):
         if candidate.is_file():
             return candidate
@@ -255,11 +242,7 @@ def _warn_inferred(model_dir: Path, manifest: dict[str, Any]) -> None:
 
 
 def _config_path(
-    model_dir: Path,
-    config: str | os.PathLike[str] | None,
-    model: Mapping[str, Any],
-    *,
-    manifest_from_file: bool,
+    model_dir: Path, config: str | os.PathLike[str] | None, model: Mapping[str, Any], *, manifest_from_file: bool
 ) -> Path | None:
     """The model config TorchServe would load: ``config`` if given, else the manifest's ``configFile``."""
     if config is not None:
@@ -288,9 +271,6 @@ def _config_path(
 def _config_batch_size(config: Mapping[str, Any], path: Path | None) -> int:
     value = config.get("batchSize", 1)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(
-            f"batchSize in {path} must be an integer: got {value!r}",
-            fix="write batchSize: 1 or more",
-        )
+        raise ConfigError(f"batchSize in {path} must be an integer: got {value!r}", fix="write batchSize: 1 or more")
     # TorchServe's ModelConfig.setBatchSize: Math.max(1, batchSize) (load_config has warned).
     return max(1, value)

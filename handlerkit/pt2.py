@@ -298,9 +298,7 @@ def _parse_compile_section(section: Any, aot_compile: bool, found: Findings) -> 
     if not found.check(enable, "bool", "pt2.compile.enable"):
         return Pt2Config(schema="compile")
     if enable:
-        return _compile_config(
-            "compile", options, found, deprecated=False, path="pt2.compile", aot_compile=aot_compile
-        )
+        return _compile_config("compile", options, found, deprecated=False, path="pt2.compile", aot_compile=aot_compile)
     # Type errors still count when compilation is off; warnings about unused options do not.
     _compile_config("compile", options, Findings(problems=found.problems), deprecated=False, path="pt2.compile")
     backend = options.get("backend")
@@ -376,9 +374,7 @@ def _compile_config(
     )
 
 
-def _blocked(
-    options: Mapping[str, Any], unknown: list[str], backend: str | None, path: str, found: Findings
-) -> str:
+def _blocked(options: Mapping[str, Any], unknown: list[str], backend: str | None, path: str, found: Findings) -> str:
     """Why torch.compile would refuse these options ("" when it would not), noting it."""
     mode = options.get("mode")
     if unknown:

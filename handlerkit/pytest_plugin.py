@@ -54,7 +54,7 @@ _OPTION = "--hk-model-dir"
 _UNSET = (
     "handlerkit: no model configured for hk_context/hk_harness: set the ini option hk_model_dir "
     "(pytest.ini: `hk_model_dir = path/to/model`, pyproject.toml: [tool.pytest.ini_options] "
-    "hk_model_dir = \"path/to/model\") or pass --hk-model-dir=PATH; a model dir or a .mar"
+    'hk_model_dir = "path/to/model") or pass --hk-model-dir=PATH; a model dir or a .mar'
 )
 _REGEN_STATE = pytest.StashKey[tuple[bool, int]]()
 
@@ -62,12 +62,18 @@ _REGEN_STATE = pytest.StashKey[tuple[bool, int]]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("handlerkit", "handlerkit (TorchServe handler tests)")
     group.addoption(
-        _OPTION, dest="hk_model_dir", default=None, metavar="PATH",
+        _OPTION,
+        dest="hk_model_dir",
+        default=None,
+        metavar="PATH",
         help="model dir or .mar for the hk_context/hk_harness fixtures, relative to the current "
-             "directory; overrides the hk_model_dir ini option (write it with '=')",
+        "directory; overrides the hk_model_dir ini option (write it with '=')",
     )
     group.addoption(
-        "--hk-regen", dest="hk_regen", action="store_true", default=False,
+        "--hk-regen",
+        dest="hk_regen",
+        action="store_true",
+        default=False,
         help="handlerkit.testing.assert_matches_golden writes golden files instead of comparing",
     )
     parser.addini(_INI, help="model dir or .mar for the hk_context/hk_harness fixtures, relative to the ini file")
@@ -95,9 +101,11 @@ def _configured_context(request: pytest.FixtureRequest) -> Any:
         pytest.fail(_UNSET, pytrace=False)
     path, source = found
     if not path.exists():
-        pytest.fail(f"handlerkit: {source} names {path}, which does not exist (fix the path; "
-                    f"{'the ini value is relative to the ini file' if source != _OPTION else 'it is relative to the current directory'})",
-                    pytrace=False)
+        pytest.fail(
+            f"handlerkit: {source} names {path}, which does not exist (fix the path; "
+            f"{'the ini value is relative to the ini file' if source != _OPTION else 'it is relative to the current directory'})",
+            pytrace=False,
+        )
     from handlerkit.context import MockContext
 
     try:
@@ -163,7 +171,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     testing = sys.modules.get("handlerkit.testing")
     if state is None or testing is None:
         return
-    written = testing.written[state[1]:]
+    written = testing.written[state[1] :]
     terminalreporter.section("handlerkit --hk-regen")
     if not written:
         terminalreporter.write_line("no golden file written: no test called assert_matches_golden")
@@ -182,7 +190,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     testing: Any = sys.modules.get("handlerkit.testing")
     if state is not None and testing is not None:
         testing._regen = state[0]
-        del testing.written[state[1]:]
+        del testing.written[state[1] :]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -2,8 +2,8 @@
 
 A :class:`Request` is one HTTP request as the frontend forwards it to the worker: parameters
 (name, raw bytes, content type), the client's headers, and the headers the frontend adds.
-:func:`payload` reads a request's payload the one way handlerkit's handlers do. Batches are
-:mod:`handlerkit.batches`. TorchServe 0.12's rules:
+Batches, and :func:`~handlerkit.batches.payload` (a row's payload, read the one way handlerkit's
+handlers read it), are :mod:`handlerkit.batches`. TorchServe 0.12's rules:
 
 - A raw body is one parameter ``"body"`` typed by the ``Content-Type`` header's media type, the
   part before ``;`` and not trimmed (``application/json; charset=utf-8`` → ``application/json``,
@@ -57,7 +57,7 @@ from handlerkit import _wire
 from handlerkit._text import format_bytes
 from handlerkit._wire import decode_enabled
 
-__all__ = ["Parameter", "Request", "decode_enabled", "payload"]
+__all__ = ["Parameter", "Request", "decode_enabled"]
 
 
 class Parameter(NamedTuple):
@@ -82,44 +82,6 @@ class Parameter(NamedTuple):
         """
         decode = decode_enabled() if decode is None else decode
         return _wire.decode_value(self.value, self.content_type, decode, where or f"parameter {self.name!r}")
-
-
-def payload(row: Any) -> Any:
-    """A request's payload, read the one way every handlerkit handler reads it.
-
-    TorchServe's handlers read ``row.get("data") or row.get("body")``; this gives the same
-    value, with the empty case made explicit:
-
-    1. ``row["data"]`` when it holds something: not None and not empty (``or`` skips None,
-       ``b""``, ``""``, ``[]``, ``{}``, ``0``, ``False``; a tensor or an image always counts);
-    2. else ``row["body"]`` when it is not None, empty or not;
-    3. else the empty ``data`` value that was sent, where TorchServe's expression gives None;
-    4. else None: neither key holds anything (a form whose fields have other names).
-
-    An empty body therefore comes back as what the worker decoded: ``bytearray()`` (or ``""``
-    for ``text/*``), never None, so a handler can say "empty body" apart from "no data/body".
-    A row that is not a dict (a raw item, as in ``handle([[1.0, 2.0]], ctx)``) is its own
-    payload and comes back unchanged.
-    """
-    if not isinstance(row, Mapping):
-        return row
-    data, body = row.get("data"), row.get("body")
-    if not _skipped_by_or(data):
-        return data
-    if body is not None:
-        return body
-    return data
-
-
-def _skipped_by_or(value: Any) -> bool:
-    # What `x or y` skips, without asking a tensor or an array for its truth value.
-    if value is None:
-        return True
-    if isinstance(value, (bytes, bytearray, memoryview, str, list, tuple, dict)):
-        return len(value) == 0
-    if isinstance(value, (bool, int, float)):
-        return not value
-    return False
 
 
 def _as_bytes(value: Any, what: str) -> bytes:
@@ -245,8 +207,14 @@ class Request:
 
     @classmethod
     def from_bytes(
-        cls, data: bytes | bytearray | memoryview, content_type: str | None = None, name: str = "body",
-        headers: Mapping[str, str] | None = None, request_id: str | None = None, *, url_path: str = "",
+        cls,
+        data: bytes | bytearray | memoryview,
+        content_type: str | None = None,
+        name: str = "body",
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+        *,
+        url_path: str = "",
     ) -> Request:
         """A request carrying ``data``.
 
@@ -276,8 +244,14 @@ class Request:
 
     @classmethod
     def from_file(
-        cls, path: str | os.PathLike[str], content_type: str | None = None, name: str = "body",
-        headers: Mapping[str, str] | None = None, request_id: str | None = None, *, url_path: str = "",
+        cls,
+        path: str | os.PathLike[str],
+        content_type: str | None = None,
+        name: str = "body",
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+        *,
+        url_path: str = "",
     ) -> Request:
         """A request carrying a file's bytes; the content type is guessed from the extension.
 
@@ -297,8 +271,13 @@ class Request:
 
     @classmethod
     def json(
-        cls, obj: Any, name: str = "body", headers: Mapping[str, str] | None = None,
-        request_id: str | None = None, *, url_path: str = "",
+        cls,
+        obj: Any,
+        name: str = "body",
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+        *,
+        url_path: str = "",
     ) -> Request:
         """A request carrying ``obj`` as ``application/json`` (the handler gets it parsed)."""
         body = json.dumps(obj).encode("utf-8")
@@ -306,8 +285,14 @@ class Request:
 
     @classmethod
     def text(
-        cls, s: str, content_type: str | None = None, name: str = "body",
-        headers: Mapping[str, str] | None = None, request_id: str | None = None, *, url_path: str = "",
+        cls,
+        s: str,
+        content_type: str | None = None,
+        name: str = "body",
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+        *,
+        url_path: str = "",
     ) -> Request:
         """A request carrying ``s`` as UTF-8 text (the handler gets a ``str`` for a ``text/*`` type).
 
@@ -322,8 +307,12 @@ class Request:
 
     @classmethod
     def form(
-        cls, fields: Mapping[str, Any], headers: Mapping[str, str] | None = None,
-        request_id: str | None = None, *, url_path: str = "",
+        cls,
+        fields: Mapping[str, Any],
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+        *,
+        url_path: str = "",
     ) -> Request:
         """A multipart/form-data request; each field arrives under its own name.
 
@@ -352,8 +341,12 @@ class Request:
 
     @classmethod
     def from_data(
-        cls, data: Mapping[str, Any], headers: Mapping[str, str] | None = None,
-        request_id: str | None = None, *, url_path: str = "",
+        cls,
+        data: Mapping[str, Any],
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+        *,
+        url_path: str = "",
     ) -> Request:
         """A request whose handler input is ``data`` itself (copied), skipping the wire.
 
@@ -393,7 +386,9 @@ class Request:
         return cls((), {}, rid, item, item=True)
 
     @classmethod
-    def _make(cls, params: tuple[Parameter, ...], headers: dict[str, str], request_id: str | None, url_path: str) -> Request:
+    def _make(
+        cls, params: tuple[Parameter, ...], headers: dict[str, str], request_id: str | None, url_path: str
+    ) -> Request:
         if request_id is None:
             return cls(params, headers, url_path=url_path)
         return cls(params, headers, request_id, url_path=url_path)
@@ -469,7 +464,9 @@ class Request:
         elif self.delivered is not None:
             body = "as-is " + (", ".join(f"{k}: {type(v).__name__}" for k, v in self.delivered.items()) or "{}")
         else:
-            body = ", ".join(f"{p.name}: {p.content_type or 'no type'} {format_bytes(len(p.value))}" for p in self.parameters)
+            body = ", ".join(
+                f"{p.name}: {p.content_type or 'no type'} {format_bytes(len(p.value))}" for p in self.parameters
+            )
         extra = [k for k in self.headers if k.lower() != "content-type"]
         hdrs = ", ".join(f"{k!r}: {self.headers[k]!r}" for k in extra)
         hdrs = f", headers={{{hdrs}}}" if extra else ""

@@ -38,6 +38,7 @@ build their reports on top.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 import warnings
@@ -121,6 +122,10 @@ class Service:
         self._depth = 0  # nesting of running() blocks: only the outermost changes directory
         self._previous_dir: str | None = None
         self._warned_dirs: set[str] = set()
+        # The model config as initialize got it and left it (see _hand_a_fresh_config).
+        self._config_original: Any = None
+        self._config_handed: Any = None
+        self._config_after: Any = None
         self.refresh()
         if working_dir == "process" and self._home is not None:
             os.chdir(self._home)  # before the handler module is imported, as in the worker
@@ -164,8 +169,13 @@ class Service:
         from handlerkit.context import MockContext
 
         context = MockContext.from_model_dir(
-            model, gpu_id=gpu_id, batch_size=batch_size, model_name=model_name, config=config,
-            limit_max_image_pixels=limit_max_image_pixels, metrics_config=metrics_config,
+            model,
+            gpu_id=gpu_id,
+            batch_size=batch_size,
+            model_name=model_name,
+            config=config,
+            limit_max_image_pixels=limit_max_image_pixels,
+            metrics_config=metrics_config,
         )
         try:
             return cls(handler, context, envelope=envelope, build=build, working_dir=working_dir)
@@ -290,11 +300,13 @@ class Service:
         it has none), ``handle(None, context)`` for a function handler (bypassing the envelope,
         as the worker does). What it raises comes out as it is."""
         self.refresh()
+        self._hand_a_fresh_config()
         with self.running("initialize", max_age=0):
             if self.function is not None:
                 self.function(None, self.context)
             elif hasattr(self.handler, "initialize"):
                 self.handler.initialize(self.context)
+        self._config_after = copy.deepcopy(getattr(self.context, "model_yaml_config", None))
         late = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         if late is not None and late is not self._own_handle:
             warnings.warn(
@@ -303,6 +315,19 @@ class Service:
                 HandlerkitWarning,
                 stacklevel=user_stacklevel(),
             )
+
+    def _hand_a_fresh_config(self) -> None:
+        """Hand ``initialize`` a copy of the model config: TorchServe's BaseHandler.initialize
+        deletes ``pt2.compile.enable`` from the dict it gets, which would break a second
+        initialize (a notebook's re-run). A config the user replaced or edited since is taken
+        as the new original."""
+        config = getattr(self.context, "model_yaml_config", None)
+        if not isinstance(config, dict):
+            return
+        if config is not self._config_handed or config != self._config_after:
+            self._config_original = copy.deepcopy(config)
+        self._config_handed = copy.deepcopy(self._config_original)
+        self.context.model_yaml_config = self._config_handed
 
     def bind(self, batch_or_data: Any) -> Batch:
         """Make ``batch_or_data`` (a Batch, a Request, or any list ``handle`` accepts) the

@@ -26,8 +26,17 @@ from typing import Any
 
 from handlerkit._text import format_bytes
 
-__all__ = ["TensorInfo", "describe", "dtype_name", "iter_tensors", "no_values", "summary", "tensor_head", "tensor_infos",
-           "tensor_summary"]
+__all__ = [
+    "TensorInfo",
+    "describe",
+    "dtype_name",
+    "iter_tensors",
+    "no_values",
+    "summary",
+    "tensor_head",
+    "tensor_infos",
+    "tensor_summary",
+]
 
 
 @dataclass(frozen=True)
@@ -221,10 +230,25 @@ def _statistics(t: Any) -> list[str]:
         xf = x.to(acc) if integral else (x if x.dtype in (torch.float32, torch.float64) else x.float())
         low, high = torch.aminmax(xf)
         std, mean = torch.std_mean(xf, correction=1 if n > 1 else 0)
-        scalars = torch.stack([
-            v.to(acc) for v in (torch.isfinite(xf).sum(), torch.isnan(xf).sum(), (xf == float("inf")).sum(),
-                                torch.count_nonzero(xf), low, high, mean, std)
-        ]).cpu().tolist()
+        scalars = (
+            torch.stack(
+                [
+                    v.to(acc)
+                    for v in (
+                        torch.isfinite(xf).sum(),
+                        torch.isnan(xf).sum(),
+                        (xf == float("inf")).sum(),
+                        torch.count_nonzero(xf),
+                        low,
+                        high,
+                        mean,
+                        std,
+                    )
+                ]
+            )
+            .cpu()
+            .tolist()
+        )
         n_finite, nan, pos, nonzero = (int(v) for v in scalars[:4])
         low_v, high_v, mean_v, std_v = scalars[4:]
         if n_finite < n and n_finite:  # rare: the statistics of the finite values only

@@ -117,13 +117,16 @@ def assert_contract(h: Any, batch: Any, *, strict: bool = False) -> Any:
         try:
             run = h.run(batch)
         except StageError as error:
-            raise _failure(f"{h.name} failed on a batch of {len(batch)} request(s):", _stage_failure(error, batch)) from None
+            raise _failure(
+                f"{h.name} failed on a batch of {len(batch)} request(s):", _stage_failure(error, batch)
+            ) from None
     problems = list(run.problems) + check_statuses(response_statuses(h.context, len(batch)))
     failing = [p for p in problems if strict or p.severity == "error"]
     if failing:
         body = [line for i, p in enumerate(failing, 1) for line in _problem_lines(i, p, batch)]
         raise _failure(
-            f"{h.name} broke TorchServe's contract on a batch of {len(batch)} request(s): {len(failing)} problem(s)", body
+            f"{h.name} broke TorchServe's contract on a batch of {len(batch)} request(s): {len(failing)} problem(s)",
+            body,
         )
     for problem in problems:
         warnings.warn(f"handlerkit: {problem}", HandlerkitWarning, stacklevel=user_stacklevel())
@@ -155,7 +158,8 @@ def assert_batch_parity(h: Any, batch: Any, *, atol: float = 1e-4, rtol: float =
         body = [line for i, p in enumerate(broken, 1) for line in _problem_lines(i, p, batch)]
         raise _failure(
             f"{h.name} answers {len(broken)} request(s) differently alone than in a batch of {len(batch)} "
-            f"(atol={atol}, rtol={rtol}):", body
+            f"(atol={atol}, rtol={rtol}):",
+            body,
         )
     return report
 
@@ -163,11 +167,14 @@ def assert_batch_parity(h: Any, batch: Any, *, atol: float = 1e-4, rtol: float =
 # ---------------------------------------------------------------------------- golden outputs
 def _jsonable(value: Any) -> Any:
     """The output as a client reads it (JSON), tensors and arrays as nested lists."""
+
     def default(obj: Any) -> Any:
         if hasattr(obj, "tolist"):
             return obj.tolist()
         if isinstance(obj, (bytes, bytearray)):
-            raise TypeError(f"{type(obj).__name__} item: golden files hold JSON; decode it (e.g. json.loads(item)) first")
+            raise TypeError(
+                f"{type(obj).__name__} item: golden files hold JSON; decode it (e.g. json.loads(item)) first"
+            )
         raise TypeError(f"{describe(obj)} is not JSON-encodable")
 
     return json.loads(json.dumps(value, default=default, allow_nan=False))
@@ -194,7 +201,12 @@ def _write_golden(path: Path, value: Any) -> None:
 
 
 def assert_matches_golden(
-    run_or_output: Any, path: str | os.PathLike[str], *, atol: float = 1e-4, rtol: float = 1e-4, regen: bool | None = None
+    run_or_output: Any,
+    path: str | os.PathLike[str],
+    *,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    regen: bool | None = None,
 ) -> None:
     """``run_or_output`` (a :class:`~handlerkit.results.Run`, or the output itself) must match the
     JSON golden file at ``path``: same structure, dict keys in any order, numbers within
@@ -217,11 +229,15 @@ def assert_matches_golden(
         written.append(path.resolve())
         return
     if not path.is_file():
-        raise _failure(f"no golden file at {path}:", ["  run pytest with --hk-regen once to write it, review it, and commit it"])
+        raise _failure(
+            f"no golden file at {path}:", ["  run pytest with --hk-regen once to write it, review it, and commit it"]
+        )
     try:
         golden = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise _failure(f"the golden file {path} is not JSON ({exc}):", ["  fix: regenerate it with pytest --hk-regen"]) from None
+        raise _failure(
+            f"the golden file {path} is not JSON ({exc}):", ["  fix: regenerate it with pytest --hk-regen"]
+        ) from None
     found = []
     for difference in differences(golden, actual, atol, rtol):
         found.append(_golden_message(difference))
@@ -231,7 +247,9 @@ def assert_matches_golden(
         shown = [f"  {d}" for d in found[:_MAX_DIFFERENCES]]
         if len(found) > _MAX_DIFFERENCES:
             shown.append("  ... and more")
-        shown.append("  fix: correct the handler, or if the change is intended, rerun with --hk-regen and review the diff")
+        shown.append(
+            "  fix: correct the handler, or if the change is intended, rerun with --hk-regen and review the diff"
+        )
         raise _failure(f"the output differs from the golden file {path} (atol={atol}, rtol={rtol}):", shown)
 
 
@@ -254,14 +272,17 @@ class RequestFiles:
         path = Path(path).expanduser()
         return path if path.is_absolute() else self.base / path
 
-    def file(self, path: str | os.PathLike[str], content_type: str | None = None, name: str = "body", **kwargs: Any) -> Any:
+    def file(
+        self, path: str | os.PathLike[str], content_type: str | None = None, name: str = "body", **kwargs: Any
+    ) -> Any:
         """:meth:`Request.from_file <handlerkit.requests.Request.from_file>` of ``self.path(path)``."""
         from handlerkit.requests import Request
 
         resolved = self.path(path)
         if not resolved.is_file():
             raise FileNotFoundError(
-                f"no such file: {resolved}" + ("" if Path(path).is_absolute() else f" ({str(path)!r} is taken relative to {self.base})")
+                f"no such file: {resolved}"
+                + ("" if Path(path).is_absolute() else f" ({str(path)!r} is taken relative to {self.base})")
             )
         label = str(path) if not Path(path).is_absolute() else resolved.name
         return label_request(Request.from_file(resolved, content_type, name, **kwargs), label)

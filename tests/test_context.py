@@ -357,12 +357,6 @@ def test_metrics_config_given_to_the_constructor(loads, tmp_path):
         MockContext(metrics=RecordingMetrics(), metrics_config="metrics.yaml")
 
 
-def test_metrics_config_without_the_loader_gives_a_plain_store(loads, monkeypatch):
-    monkeypatch.setattr(context_module, "_load_metrics_config", None)
-    ctx = MockContext()
-    assert loads == [] and ctx.metrics.given_config is None
-
-
 def test_from_model_dir_resolves_metrics_config_like_config(loads, tmp_path, monkeypatch):
     model_dir = tmp_path / "m"
     model_dir.mkdir()

@@ -13,7 +13,8 @@ import handlerkit as hk
 from handlerkit.context import MockContext
 from handlerkit.errors import HandlerkitWarning
 from handlerkit.batches import Batch, batch
-from handlerkit.requests import Parameter, Request, decode_enabled, payload
+from handlerkit.batches import payload
+from handlerkit.requests import Parameter, Request, decode_enabled
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
 

@@ -124,10 +124,7 @@ def _extract_tgz(listing: Listing, root: Path) -> None:
 
 
 def open_mar(
-    path: str | os.PathLike[str],
-    target: str | os.PathLike[str] | None = None,
-    *,
-    limits: Limits | None = None,
+    path: str | os.PathLike[str], target: str | os.PathLike[str] | None = None, *, limits: Limits | None = None
 ) -> Path:
     """Extract a ``.mar`` (or ``.tar.gz``) safely and return the model dir.
 
@@ -230,7 +227,7 @@ def _sweep_orphans() -> None:
         return
     root = Path(tempfile.gettempdir())
     for entry in [*root.glob(f"{_OWNED}*-*"), *root.glob(f".{_OWNED}*-*.partial-*")]:
-        pid = entry.name.lstrip(".")[len(_OWNED):].split("-", 1)[0]
+        pid = entry.name.lstrip(".")[len(_OWNED) :].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             shutil.rmtree(entry, ignore_errors=True)
 

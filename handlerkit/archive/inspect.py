@@ -71,15 +71,16 @@ class ArchiveInfo(Rendered):
             "manifest": self.manifest,
             "inferred": dict(self.inferred),
             "files": [asdict(f) for f in self.files],
-            "problems": [{"rule": p.rule, "member": p.member, "message": p.message, "fix": p.fix} for p in self.problems],
+            "problems": [
+                {"rule": p.rule, "member": p.member, "message": p.message, "fix": p.fix} for p in self.problems
+            ],
         }
 
     def _summary(self) -> str:
         model = (self.manifest or {}).get("model", {})
         what = {"zip": ".mar (zip)", "tgz": "tar.gz", "dir": "model dir"}[self.format]
-        text = (
-            f"{self.path.name}: {what}, {len(self.files)} files, {format_bytes(self.total_size)}"
-            + (f" ({format_bytes(self.archive_size)} archived)" if self.format != "dir" else "")
+        text = f"{self.path.name}: {what}, {len(self.files)} files, {format_bytes(self.total_size)}" + (
+            f" ({format_bytes(self.archive_size)} archived)" if self.format != "dir" else ""
         )
         if model:
             text += f", model {model.get('modelName')!r} handler {model.get('handler')!r}"

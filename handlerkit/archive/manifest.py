@@ -82,4 +82,3 @@ def complete(base: dict[str, Any], model: dict[str, Any], name: str, version: st
         "model": ordered,
         "archiverVersion": ARCHIVER_VERSION,
     }
-

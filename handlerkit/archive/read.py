@@ -216,13 +216,19 @@ def _list_tgz(path: Path, limits: Limits) -> Listing:
         with tarfile.open(path, "r:gz") as tf:
             while (member := tf.next()) is not None:
                 listing.entries.append(Entry(member.name, "", _tar_kind(member), member.size, None, "gzip"))
-                if member.isreg() and normalise(member.name).endswith(MANIFEST) and member.size <= limits.max_manifest_size:
+                if (
+                    member.isreg()
+                    and normalise(member.name).endswith(MANIFEST)
+                    and member.size <= limits.max_manifest_size
+                ):
                     # Kept now: reading it later would decompress the whole archive again.
                     listing.small[member.name] = tf.extractfile(member).read()  # type: ignore[union-attr]
                 total += member.size if member.isreg() else 0
                 # Moving on to the next header decompresses this member's data: stop at the limits.
-                if len(listing.entries) > limits.max_entries or total > limits.max_total_size or (
-                    total > limits.ratio_floor and total > limits.max_ratio * listing.archive_size
+                if (
+                    len(listing.entries) > limits.max_entries
+                    or total > limits.max_total_size
+                    or (total > limits.ratio_floor and total > limits.max_ratio * listing.archive_size)
                 ):
                     break
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
@@ -258,13 +264,15 @@ def _check_paths(listing: Listing) -> None:
             continue
         if entry.kind in ("symlink", "hardlink", "special"):
             rule = "special-file" if entry.kind == "special" else "symlink"
-            what = {"symlink": "a symbolic link", "hardlink": "a hard link", "special": "not a regular file"}[entry.kind]
+            what = {"symlink": "a symbolic link", "hardlink": "a hard link", "special": "not a regular file"}[
+                entry.kind
+            ]
             _problem(listing, rule, f"{name!r} is {what}: it could point outside the target", name,
                      fix=f"archive the file itself, not a link to it: {REBUILD}")  # fmt: skip
             continue
         rel = normalised[i]
         if listing.prefix:
-            rel = rel[len(listing.prefix):] if rel.startswith(listing.prefix) else ""
+            rel = rel[len(listing.prefix) :] if rel.startswith(listing.prefix) else ""
             if not rel:
                 continue  # the top folder itself
         key = rel.casefold()

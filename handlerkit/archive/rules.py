@@ -198,7 +198,9 @@ class Listing:
         more = len(self.problems) - 1
         message = f"{self.path.name} refused [{first.rule}]: {first.message}"
         message += f" (and {more} more problem{'s' * (more > 1)}: see .problems)" if more else ""
-        raise ArchiveError(message, first.path, rule=first.rule, member=first.member, fix=first.fix, problems=self.problems)
+        raise ArchiveError(
+            message, first.path, rule=first.rule, member=first.member, fix=first.fix, problems=self.problems
+        )
 
 
 # ------------------------------------------------------------------------------------ names

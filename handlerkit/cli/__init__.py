@@ -115,8 +115,11 @@ def _failure(exc: Exception) -> Outcome | None:
         code, text = USAGE, one_line(exc)
     else:
         return None
-    error = {"type": type(exc).__name__, "message": getattr(exc, "message", None) or str(exc),
-             "fix": getattr(exc, "fix", None)}
+    error = {
+        "type": type(exc).__name__,
+        "message": getattr(exc, "message", None) or str(exc),
+        "fix": getattr(exc, "fix", None),
+    }
     if isinstance(exc, StageError):
         error.update(stage=exc.stage, request=exc.request_index)
     return Outcome(code, text, {"error": error, "exit_code": code})
@@ -128,8 +131,9 @@ def _refuse_unknown_command(parser: argparse.ArgumentParser, argv: Sequence[str]
         return
     names = list(_COMMANDS)
     if argv[0] not in names:
-        parser.error(f"unknown command {argv[0]!r}{suggestion(argv[0], names, prefix=True)}; "
-                     f"the commands are {', '.join(names)}")
+        parser.error(
+            f"unknown command {argv[0]!r}{suggestion(argv[0], names, prefix=True)}; the commands are {', '.join(names)}"
+        )
 
 
 def _refuse_extra(args: argparse.Namespace, extra: Sequence[str], parser: argparse.ArgumentParser) -> NoReturn:
@@ -150,7 +154,7 @@ def _one_line_warnings() -> Iterator[None]:
     def formatted(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
         text = " ".join(str(message).split())
         if text.startswith("handlerkit: "):
-            return f"handlerkit: warning: {text[len('handlerkit: '):]}\n"
+            return f"handlerkit: warning: {text[len('handlerkit: ') :]}\n"
         return f"handlerkit: warning: {category.__name__}: {text} ({filename}:{lineno})\n"
 
     warnings.formatwarning = formatted

@@ -42,14 +42,30 @@ def output_options() -> argparse.ArgumentParser:
     """``--json`` and ``--no-progress``, shared by every subcommand (an argparse parent)."""
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("output")
-    group.add_argument("--json", action="store_true", help="print one JSON document on stdout (for scripts), nothing else")
-    group.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
-                       help="no progress bars (default: shown when stderr is a terminal)")
+    group.add_argument(
+        "--json", action="store_true", help="print one JSON document on stdout (for scripts), nothing else"
+    )
+    group.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no progress bars (default: shown when stderr is a terminal)",
+    )
     return parent
 
 
-def model_command(commands: Any, parents: Sequence[argparse.ArgumentParser], name: str, help: str,
-                  description: str, command: Any, *, files: str = "+") -> argparse.ArgumentParser:
+def model_command(
+    commands: Any,
+    parents: Sequence[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str,
+    command: Any,
+    *,
+    files: str = "+",
+) -> argparse.ArgumentParser:
     """A subcommand that runs a model on files: ``MODEL FILES...`` and the model options; the
     caller adds its own options to the parser returned."""
     parser = commands.add_parser(name, help=help, description=description, parents=parents)
@@ -61,15 +77,20 @@ def model_command(commands: Any, parents: Sequence[argparse.ArgumentParser], nam
 def add_model_arguments(parser: argparse.ArgumentParser, *, files: str = "+") -> None:
     """``MODEL FILES...`` and the options that say how to load and feed the model."""
     parser.add_argument("model", metavar="MODEL", help="a model dir (an unpacked .mar) or a .mar file")
-    parser.add_argument("files", metavar="FILES", nargs=files,
-                        help="request bodies, one request per file, all in one batch")
+    parser.add_argument(
+        "files", metavar="FILES", nargs=files, help="request bodies, one request per file, all in one batch"
+    )
     group = parser.add_argument_group("model")
     group.add_argument("--handler", metavar="SPEC", help="handler spec (default: the manifest's handler)")
-    group.add_argument("--config", metavar="YAML",
-                       help="a model-config.yaml to use instead of the manifest's configFile")
-    group.add_argument("--content-type", metavar="TYPE",
-                       help="the Content-Type of every request (default: guessed from each file's extension: "
-                       "images -> image/*, .json -> application/json, .txt -> text/plain)")
+    group.add_argument(
+        "--config", metavar="YAML", help="a model-config.yaml to use instead of the manifest's configFile"
+    )
+    group.add_argument(
+        "--content-type",
+        metavar="TYPE",
+        help="the Content-Type of every request (default: guessed from each file's extension: "
+        "images -> image/*, .json -> application/json, .txt -> text/plain)",
+    )
 
 
 def sizes(text: str) -> list[int]:
@@ -124,7 +145,9 @@ def model_dir_problem(path: str, handler: str | None = None) -> str | None:
     if any(name.endswith(WEIGHTS_SUFFIXES) for name in names):
         return None
     handler_file = (handler or "").partition(":")[0]  # --handler handler.py[:fn], in the dir or elsewhere
-    if handler_file.endswith(".py") and any(os.path.isfile(f) for f in (os.path.join(path, handler_file), handler_file)):
+    if handler_file.endswith(".py") and any(
+        os.path.isfile(f) for f in (os.path.join(path, handler_file), handler_file)
+    ):
         return None
     return (
         f"{path} is not a model dir: it has no MAR-INF/MANIFEST.json and none of model.py, handler.py, "
@@ -276,5 +299,3 @@ def problem_rows(problems: Sequence[Any]) -> list[dict[str, Any]]:
         }
         for p in problems
     ]
-
-

@@ -30,29 +30,54 @@ FORMATS = ("default", "no-archive", "tgz", "zip-store")  # handlerkit.archive's,
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("archive", help=HELP, description=DESCRIPTION, parents=parents)
-    parser.add_argument("source", metavar="SOURCE", nargs="?", help="a model dir to archive (optional with the file options)")
-    parser.add_argument("-o", "--output-dir", "--export-path", dest="output_dir", metavar="OUTDIR", required=True,
-                        help="where the archive is written")
+    parser.add_argument(
+        "source", metavar="SOURCE", nargs="?", help="a model dir to archive (optional with the file options)"
+    )
+    parser.add_argument(
+        "-o",
+        "--output-dir",
+        "--export-path",
+        dest="output_dir",
+        metavar="OUTDIR",
+        required=True,
+        help="where the archive is written",
+    )
     files = parser.add_argument_group("what goes in (torch-model-archiver's options)")
     files.add_argument("--model-name", metavar="NAME", help="modelName (default: the manifest's, else SOURCE's name)")
     files.add_argument("--handler", metavar="SPEC", help="the handler: a built-in name or a .py file")
     files.add_argument("--model-file", metavar="FILE", help="the .py defining the model class (eager models)")
     files.add_argument("--serialized-file", metavar="FILE", help="the weights: .pt, .pth, .onnx, .pt2 ...")
-    files.add_argument("--extra-files", metavar="FILES", action="append", default=[],
-                       help="more files (to the root), folders (their contents) or globs, comma-separated; "
-                       "may be repeated. A folder or glob holding a hidden or secret-looking file is refused; "
-                       "a file named here is packed")
+    files.add_argument(
+        "--extra-files",
+        metavar="FILES",
+        action="append",
+        default=[],
+        help="more files (to the root), folders (their contents) or globs, comma-separated; "
+        "may be repeated. A folder or glob holding a hidden or secret-looking file is refused; "
+        "a file named here is packed",
+    )
     files.add_argument("--requirements-file", metavar="FILE", help="a requirements.txt installed by TorchServe")
     files.add_argument("--config-file", metavar="YAML", help="the model-config.yaml")
-    files.add_argument("--version", dest="model_version", metavar="VERSION",
-                       help="modelVersion (default: the manifest's, else 1.0)")
+    files.add_argument(
+        "--version", dest="model_version", metavar="VERSION", help="modelVersion (default: the manifest's, else 1.0)"
+    )
     out = parser.add_argument_group("the archive")
-    out.add_argument("--format", "--archive-format", dest="archive_format", choices=FORMATS, default="default",
-                     help="default: NAME.mar; no-archive: a NAME/ dir; tgz: NAME.tar.gz; zip-store: a .mar with "
-                     "nothing deflated (default: default)")
-    out.add_argument("--compression", choices=("auto", "deflate", "store"), default="auto",
-                     help="auto: weights and compressed files stored, the rest deflated; deflate: everything, "
-                     "as torch-model-archiver (default: auto)")
+    out.add_argument(
+        "--format",
+        "--archive-format",
+        dest="archive_format",
+        choices=FORMATS,
+        default="default",
+        help="default: NAME.mar; no-archive: a NAME/ dir; tgz: NAME.tar.gz; zip-store: a .mar with "
+        "nothing deflated (default: default)",
+    )
+    out.add_argument(
+        "--compression",
+        choices=("auto", "deflate", "store"),
+        default="auto",
+        help="auto: weights and compressed files stored, the rest deflated; deflate: everything, "
+        "as torch-model-archiver (default: auto)",
+    )
     out.add_argument("-f", "--force", action="store_true", help="overwrite an existing archive")
     parser.set_defaults(command=command)
 
@@ -88,8 +113,13 @@ def command(args: argparse.Namespace) -> Outcome:
         f"serve it: torchserve --start --ncs --model-store {store} "
         f"--models {planned.model_name}={os.path.basename(os.fspath(path))}"
     )
-    data = {"path": os.fspath(path), "format": args.archive_format, "bytes": size, "seconds": seconds,
-            **planned.to_dict()}
+    data = {
+        "path": os.fspath(path),
+        "format": args.archive_format,
+        "bytes": size,
+        "seconds": seconds,
+        **planned.to_dict(),
+    }
     return Outcome(OK, text, data)
 
 

@@ -7,16 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import (
-    FAILED,
-    OK,
-    Outcome,
-    header,
-    jsonable,
-    loaded_batch,
-    model_command,
-    problem_rows,
-)
+from handlerkit.cli._common import FAILED, OK, Outcome, header, jsonable, loaded_batch, model_command, problem_rows
 
 HELP = "check a handler against TorchServe's contract on files"
 DESCRIPTION = (

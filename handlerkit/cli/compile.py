@@ -33,20 +33,31 @@ DESCRIPTION = (
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
     parser = model_command(commands, parents, "compile", HELP, DESCRIPTION, command)
     group = parser.add_argument_group("compile report")
-    group.add_argument("--batch-sizes", metavar="SIZES", type=sizes,
-                       help="the recompile gate: batch sizes traffic will bring, e.g. 1,2,4,8")
-    group.add_argument("--repeat", metavar="N", type=positive, default=10,
-                       help="steady calls timed, compiled and eager each (default: 10)")
-    group.add_argument("--warmup", metavar="N", type=non_negative, default=1,
-                       help="calls discarded before timing (default: 1)")
+    group.add_argument(
+        "--batch-sizes",
+        metavar="SIZES",
+        type=sizes,
+        help="the recompile gate: batch sizes traffic will bring, e.g. 1,2,4,8",
+    )
+    group.add_argument(
+        "--repeat",
+        metavar="N",
+        type=positive,
+        default=10,
+        help="steady calls timed, compiled and eager each (default: 10)",
+    )
+    group.add_argument(
+        "--warmup", metavar="N", type=non_negative, default=1, help="calls discarded before timing (default: 1)"
+    )
 
 
 def command(args: argparse.Namespace) -> Outcome:
     with loaded_batch(args) as (model, batch):
-        report = model.harness.compile_report(batch, batch_sizes=args.batch_sizes, repeat=args.repeat,
-                                              warmup=args.warmup, progress=args.progress)
-        failed = report.gate_ok is False or report.error is not None or any(
-            p.severity == "error" for p in report.problems
+        report = model.harness.compile_report(
+            batch, batch_sizes=args.batch_sizes, repeat=args.repeat, warmup=args.warmup, progress=args.progress
+        )
+        failed = (
+            report.gate_ok is False or report.error is not None or any(p.severity == "error" for p in report.problems)
         )
         data = {"model": model.label, **jsonable(report.to_dict()), "ok": not failed}
         return Outcome(FAILED if failed else OK, f"{header(model)}\n{report}", data)

@@ -132,12 +132,20 @@ def inspect_path(path: str) -> InspectReport:
 
         listing = inspect_archive(path)  # the files as stored (an archive refused raised above)
         report.kind = {"zip": "mar"}.get(listing.format, listing.format)
-        report.files = [{"name": f.name, "bytes": f.size, **({"compressed": f.compressed_size, "method": f.compression}
-                         if f.compressed_size is not None else {})} for f in listing.files]
+        report.files = [
+            {
+                "name": f.name,
+                "bytes": f.size,
+                **({"compressed": f.compressed_size, "method": f.compression} if f.compressed_size is not None else {}),
+            }
+            for f in listing.files
+        ]
         report.manifest, report.inferred = listing.manifest or {"model": {}}, dict(listing.inferred)
         if report.inferred:
-            report.notes.append("no MAR-INF/MANIFEST.json: the manifest was inferred from the files (see "
-                                "'(inferred)' above); archive it with handlerkit archive to fix it")
+            report.notes.append(
+                "no MAR-INF/MANIFEST.json: the manifest was inferred from the files (see "
+                "'(inferred)' above); archive it with handlerkit archive to fix it"
+            )
         config = _config(report, directory, report.manifest["model"])
         _handler(report, directory, report.manifest["model"])
         _model(report, directory, report.manifest["model"], config)
@@ -170,8 +178,9 @@ def _directory(path: str) -> Iterator[str]:
 
 
 def _problem(report: InspectReport, what: str, exc: BaseException) -> None:
-    report.problems.append({"what": what, "message": " ".join(str(getattr(exc, "message", exc)).split()),
-                            "fix": getattr(exc, "fix", None)})
+    report.problems.append(
+        {"what": what, "message": " ".join(str(getattr(exc, "message", exc)).split()), "fix": getattr(exc, "fix", None)}
+    )
 
 
 def _config(report: InspectReport, directory: str, model: dict[str, Any]) -> Any:
@@ -202,8 +211,13 @@ def _handler(report: InspectReport, directory: str, model: dict[str, Any]) -> No
     spec = model.get("handler")
     report.handler = {"spec": spec}
     if not spec:
-        report.problems.append({"what": "handler", "message": "the manifest names no handler",
-                                "fix": "archive with --handler (a built-in name such as image_classifier, or a .py)"})
+        report.problems.append(
+            {
+                "what": "handler",
+                "message": "the manifest names no handler",
+                "fix": "archive with --handler (a built-in name such as image_classifier, or a .py)",
+            }
+        )
         return
     try:
         resolved = resolve_handler(spec, directory)
@@ -212,10 +226,13 @@ def _handler(report: InspectReport, directory: str, model: dict[str, Any]) -> No
         return
     name = resolved.cls.__name__ if resolved.cls is not None else resolved.function_name
     module_file = resolved.module_file
-    if module_file and os.path.commonpath([os.path.realpath(module_file), os.path.realpath(directory)]) == os.path.realpath(directory):
+    if module_file and os.path.commonpath(
+        [os.path.realpath(module_file), os.path.realpath(directory)]
+    ) == os.path.realpath(directory):
         module_file = os.path.relpath(module_file, directory)  # not the temporary dir a .mar went to
-    report.handler.update(kind=resolved.kind, name=name, module=resolved.module.__name__, file=module_file,
-                          origin=resolved.origin)
+    report.handler.update(
+        kind=resolved.kind, name=name, module=resolved.module.__name__, file=module_file, origin=resolved.origin
+    )
 
 
 def _model(report: InspectReport, directory: str, model: dict[str, Any], config: Any) -> None:
@@ -226,13 +243,19 @@ def _model(report: InspectReport, directory: str, model: dict[str, Any], config:
     report.model = {"serializedFile": serialized, "modelFile": model_file}
     for role, name in (("serializedFile", serialized), ("modelFile", model_file)):
         if name and not os.path.isfile(os.path.join(directory, name)):
-            report.problems.append({"what": "model", "message": f"the manifest's {role} {name!r} is missing",
-                                    "fix": "archive the file, or correct MAR-INF/MANIFEST.json"})
+            report.problems.append(
+                {
+                    "what": "model",
+                    "message": f"the manifest's {role} {name!r} is missing",
+                    "fix": "archive the file, or correct MAR-INF/MANIFEST.json",
+                }
+            )
             return
     aot = bool(config is not None and config.pt2.aot_compile)
     try:
-        report.model["format"] = detect_format(os.path.join(directory, serialized) if serialized else None,
-                                               model_file, aot_compile=aot)
+        report.model["format"] = detect_format(
+            os.path.join(directory, serialized) if serialized else None, model_file, aot_compile=aot
+        )
     except HandlerkitError as exc:
         custom = report.handler.get("origin") in ("model_dir", "file")
         if custom and not (serialized or model_file):

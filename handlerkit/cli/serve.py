@@ -31,15 +31,22 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     parser.add_argument("model", metavar="MODEL", help="a model dir (an unpacked .mar) or a .mar file")
     parser.add_argument("--engine", choices=["ray"], default="ray", help="the serving engine (default: ray)")
     parser.add_argument("--handler", metavar="SPEC", help="handler spec (default: the manifest's handler)")
-    parser.add_argument("--envelope", choices=["json", "kserve", "kservev2"],
-                        help="a TorchServe service envelope around the handler (TorchServe's service_envelope)")
-    parser.add_argument("--address", metavar="ADDR",
-                        help="an existing Ray cluster (e.g. ray://head:10001 or auto); default: a new local instance")
+    parser.add_argument(
+        "--envelope",
+        choices=["json", "kserve", "kservev2"],
+        help="a TorchServe service envelope around the handler (TorchServe's service_envelope)",
+    )
+    parser.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="an existing Ray cluster (e.g. ray://head:10001 or auto); default: a new local instance",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1, loopback only)")
     parser.add_argument("--port", type=non_negative, default=8080, help="HTTP port (default: 8080, TorchServe's)")
     parser.add_argument("--num-cpus", type=positive, metavar="N", help="CPUs of a new local Ray instance")
-    parser.add_argument("--for", dest="duration", type=float, metavar="SECONDS",
-                        help="stop after SECONDS (default: serve until Ctrl-C)")
+    parser.add_argument(
+        "--for", dest="duration", type=float, metavar="SECONDS", help="stop after SECONDS (default: serve until Ctrl-C)"
+    )
     parser.set_defaults(command=command)
 
 
@@ -62,11 +69,18 @@ def command(args: argparse.Namespace) -> Outcome:
         try:
             ray.init(address=args.address)
         except ConnectionError as exc:
-            auth = "" if os.environ.get("RAY_AUTH_MODE") else (
-                "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token "
-                "and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
-            raise InputError(f"cannot connect to the Ray cluster at {args.address!r} ({exc}): check the address "
-                             f"(the head's GCS address, host:6379 by default, or ray://host:10001){auth}") from exc
+            auth = (
+                ""
+                if os.environ.get("RAY_AUTH_MODE")
+                else (
+                    "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token "
+                    "and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+                )
+            )
+            raise InputError(
+                f"cannot connect to the Ray cluster at {args.address!r} ({exc}): check the address "
+                f"(the head's GCS address, host:6379 by default, or ray://host:10001){auth}"
+            ) from exc
     else:
         ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
     try:

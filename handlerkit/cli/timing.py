@@ -6,16 +6,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import (
-    OK,
-    Outcome,
-    header,
-    loaded_batch,
-    model_command,
-    non_negative,
-    positive,
-    sizes,
-)
+from handlerkit.cli._common import OK, Outcome, header, loaded_batch, model_command, non_negative, positive, sizes
 
 HELP = "time each stage over repeated runs (--sweep: across batch sizes)"
 DESCRIPTION = (
@@ -28,20 +19,41 @@ DESCRIPTION = (
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
     parser = model_command(commands, parents, "time", HELP, DESCRIPTION, command)
     group = parser.add_argument_group("timing")
-    group.add_argument("--sweep", metavar="SIZES", type=sizes, nargs="?", const=[1, 2, 4, 8],
-                       help="batch sizes to sweep, e.g. 1,2,4,8 (the default when SIZES is left out)")
-    group.add_argument("--repeat", metavar="N", type=positive, default=None,
-                       help="measured runs (default: 20, or 10 per size in a sweep)")
-    group.add_argument("--warmup", metavar="N", type=non_negative, default=None,
-                       help="unmeasured runs first (default: 3, or 2 per size in a sweep)")
+    group.add_argument(
+        "--sweep",
+        metavar="SIZES",
+        type=sizes,
+        nargs="?",
+        const=[1, 2, 4, 8],
+        help="batch sizes to sweep, e.g. 1,2,4,8 (the default when SIZES is left out)",
+    )
+    group.add_argument(
+        "--repeat",
+        metavar="N",
+        type=positive,
+        default=None,
+        help="measured runs (default: 20, or 10 per size in a sweep)",
+    )
+    group.add_argument(
+        "--warmup",
+        metavar="N",
+        type=non_negative,
+        default=None,
+        help="unmeasured runs first (default: 3, or 2 per size in a sweep)",
+    )
 
 
 def command(args: argparse.Namespace) -> Outcome:
     with loaded_batch(args) as (model, batch):
         h = model.harness
         if args.sweep:
-            report = h.sweep(batch, batch_sizes=args.sweep, warmup=_or(args.warmup, 2), repeat=_or(args.repeat, 10),
-                             progress=args.progress)
+            report = h.sweep(
+                batch,
+                batch_sizes=args.sweep,
+                warmup=_or(args.warmup, 2),
+                repeat=_or(args.repeat, 10),
+                progress=args.progress,
+            )
         else:
             report = h.time(batch, warmup=_or(args.warmup, 3), repeat=_or(args.repeat, 20), progress=args.progress)
         data = {"model": model.label, "handler": h.name, "kind": "sweep" if args.sweep else "time", **report.to_dict()}

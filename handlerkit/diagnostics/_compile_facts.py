@@ -145,8 +145,13 @@ def _verdict(report: CompileReport, handler: Any, compiled_at_start: bool) -> No
             report.reason = "the handler compiled the model itself (pt2 does not ask for it)"
         for frame in (f for f in report.frames if f.failure):
             report.problems.append(
-                Problem("compile", f"{frame.function} could not be compiled ({frame.failure}); it runs eagerly",
-                        _TRY_AOT_EAGER, "inference", severity="warning")
+                Problem(
+                    "compile",
+                    f"{frame.function} could not be compiled ({frame.failure}); it runs eagerly",
+                    _TRY_AOT_EAGER,
+                    "inference",
+                    severity="warning",
+                )
             )
         return
     if compiled_at_start:  # the handler itself fell back during the first call
@@ -156,8 +161,12 @@ def _verdict(report: CompileReport, handler: Any, compiled_at_start: bool) -> No
         report.problems.append(Problem("compile", message, failure_fix(report, None), "inference"))
     elif report.requested:
         report.problems.append(
-            Problem("compile", f"pt2 asks for torch.compile but the model runs eagerly: {report.reason}",
-                    _refusal_fix(report), "initialize")
+            Problem(
+                "compile",
+                f"pt2 asks for torch.compile but the model runs eagerly: {report.reason}",
+                _refusal_fix(report),
+                "initialize",
+            )
         )
     else:
         report.notes.append(_HOW_TO_COMPILE)
@@ -206,4 +215,3 @@ def _dynamic_inputs(settings: dict[str, Any], run: Any, symbols: list[str]) -> l
                 found.append(f"inference input {i}: dim {dim} ({how} in preprocess)")
     found += [f"{d} (made dynamic by Dynamo)" for d in dynamic_dims(symbols)]
     return found
-

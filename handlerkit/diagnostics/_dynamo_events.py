@@ -41,10 +41,22 @@ __all__ = [
 ]
 
 _METRIC_KEYS = (
-    "compile_id", "co_name", "co_filename", "co_firstlineno", "graph_op_count", "entire_frame_compile_time_s",
-    "backend_compile_time_s", "inductor_compile_time_s", "recompile_reason", "fail_type", "fail_reason",
-    "fail_user_frame_filename", "fail_user_frame_lineno", "inductor_fx_local_cache_hit_count",
-    "inductor_fx_local_cache_miss_count", "restart_reasons",
+    "compile_id",
+    "co_name",
+    "co_filename",
+    "co_firstlineno",
+    "graph_op_count",
+    "entire_frame_compile_time_s",
+    "backend_compile_time_s",
+    "inductor_compile_time_s",
+    "recompile_reason",
+    "fail_type",
+    "fail_reason",
+    "fail_user_frame_filename",
+    "fail_user_frame_lineno",
+    "inductor_fx_local_cache_hit_count",
+    "inductor_fx_local_cache_miss_count",
+    "restart_reasons",
 )
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
 _DOC_URL = re.compile(r"https?://\S+?/gb(\d{4})\.html")
@@ -243,7 +255,8 @@ class DynamoEvents:
         # No artifact records: the metrics' restart reasons still say why (without a place).
         return [
             {"gb_type": None, "message": str(reason), "stack": [], "at": None}
-            for m in (self._after or []) for reason in (_get(m, "restart_reasons") or ())
+            for m in (self._after or [])
+            for reason in (_get(m, "restart_reasons") or ())
         ]
 
     @property
@@ -307,7 +320,7 @@ def _registry() -> dict[str, tuple[str, dict[str, Any]]]:
     except Exception:  # an older torch has no registry: no codes, the message still says a lot
         return {}
     mapping: dict[str, tuple[str, dict[str, Any]]] = {}
-    for code, entries in (data.items() if isinstance(data, dict) else ()):
+    for code, entries in data.items() if isinstance(data, dict) else ():
         for entry in entries if isinstance(entries, list) else ():
             if isinstance(entry, dict) and isinstance(entry.get("Gb_type"), str):
                 mapping[entry["Gb_type"]] = (str(code), entry)

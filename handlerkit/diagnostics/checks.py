@@ -204,7 +204,9 @@ def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, show
                 outcome, message, fix = _judge(out, err, baseline, atol, rtol)
                 report.encodings.append((i, variant, outcome))
                 if message is not None:
-                    report.problems.append(Problem("encoding", f"as {variant}: {message}", fix, "handle", i, severity="warning"))
+                    report.problems.append(
+                        Problem("encoding", f"as {variant}: {message}", fix, "handle", i, severity="warning")
+                    )
         shown.update()
     return report
 
@@ -233,7 +235,9 @@ def _why_parity_cannot_be_judged(harness: HarnessView, batch: Any, full: Any, at
     return None
 
 
-def _parity(harness: HarnessView, parts: list[Any], full: list[Any], report: CheckReport, atol: float, rtol: float) -> list[Any]:
+def _parity(
+    harness: HarnessView, parts: list[Any], full: list[Any], report: CheckReport, atol: float, rtol: float
+) -> list[Any]:
     """Each request alone against its place in the batch; the alone outputs, None where it failed."""
     singles = []
     for i, part in enumerate(parts):
@@ -241,7 +245,11 @@ def _parity(harness: HarnessView, parts: list[Any], full: list[Any], report: Che
         singles.append(alone[0] if err is None and isinstance(alone, list) and alone else None)
         if err is not None:
             report.parity.append((i, f"fails alone: {_first_line(err)}"))
-            report.problems.append(Problem("batch-parity", f"fails alone but not in the batch: {_first_line(err)}", err.fix or "", err.stage, i))
+            report.problems.append(
+                Problem(
+                    "batch-parity", f"fails alone but not in the batch: {_first_line(err)}", err.fix or "", err.stage, i
+                )
+            )
     for i, alone in enumerate(singles):
         if alone is None:
             continue
@@ -300,4 +308,8 @@ def _judge(out: Any, err: StageError | None, baseline: Any, atol: float, rtol: f
     item = out[0] if isinstance(out, list) and out else out
     if same_output(item, baseline, atol, rtol):
         return "same output", None, ""
-    return "different output", f"gives {_short(item)} instead of {_short(baseline)}", "decode every accepted encoding to the same input"
+    return (
+        "different output",
+        f"gives {_short(item)} instead of {_short(baseline)}",
+        "decode every accepted encoding to the same input",
+    )

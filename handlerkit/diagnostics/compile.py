@@ -197,8 +197,9 @@ class CompileReport(Rendered):
         return [
             Table(kv, settings, "pt2"),
             Table(kv, cost, "first call"),
-            Table(("", "n", "median ms", "p90 ms"), steady,
-                  f"steady state ({self.timed_stage}, batch {self.batch_size})"),
+            Table(
+                ("", "n", "median ms", "p90 ms"), steady, f"steady state ({self.timed_stage}, batch {self.batch_size})"
+            ),
             Table(
                 ("compile id", "function", "defined at", "graph ops", "compile s"),
                 [[f.compile_id, f.function, where(f.file, f.line), f.graph_ops, f.compile_s] for f in self.frames],
@@ -209,12 +210,21 @@ class CompileReport(Rendered):
                 [[b.reason, b.where, b.source, b.hint, b.code, b.doc_url, b.count] for b in self.graph_breaks],
                 "graph breaks",
             ),
-            Table(("compile id", "function", "reason"),
-                  [[r.compile_id, r.function, r.reason] for r in self.recompiles], "recompiles"),
-            Table(("batch size", "outcome", "guard / error", "fix"),
-                  [[g.batch_size, g.outcome, g.reason, g.fix] for g in self.gate], "recompile gate"),
-            Table(("severity", "check", "problem", "fix"),
-                  [[p.severity, p.check, p.message, p.fix] for p in self.problems], "problems"),
+            Table(
+                ("compile id", "function", "reason"),
+                [[r.compile_id, r.function, r.reason] for r in self.recompiles],
+                "recompiles",
+            ),
+            Table(
+                ("batch size", "outcome", "guard / error", "fix"),
+                [[g.batch_size, g.outcome, g.reason, g.fix] for g in self.gate],
+                "recompile gate",
+            ),
+            Table(
+                ("severity", "check", "problem", "fix"),
+                [[p.severity, p.check, p.message, p.fix] for p in self.problems],
+                "problems",
+            ),
         ]
 
     def _notes(self) -> list[str]:

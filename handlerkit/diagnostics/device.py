@@ -11,7 +11,14 @@ from handlerkit import devices as _devices
 from handlerkit._render import Rendered, Table
 from handlerkit.diagnostics._view import HarnessView
 
-__all__ = ["DeviceReport", "build_device_report", "fp32_precision_state", "gpu_facts", "model_placement", "watch_copies"]
+__all__ = [
+    "DeviceReport",
+    "build_device_report",
+    "fp32_precision_state",
+    "gpu_facts",
+    "model_placement",
+    "watch_copies",
+]
 
 
 def gpu_facts(device: Any) -> dict[str, Any]:
@@ -129,7 +136,12 @@ def build_device_report(harness: HarnessView) -> DeviceReport:
     decisions = getattr(handler, "decisions", None)
     device = getattr(handler, "device", None)
     if decisions is not None and getattr(decisions, "device", None):
-        reason, available, tf32, fmt = decisions.device_reason, decisions.available, decisions.tf32, decisions.model_format
+        reason, available, tf32, fmt = (
+            decisions.device_reason,
+            decisions.available,
+            decisions.tf32,
+            decisions.model_format,
+        )
     else:  # TorchServe's own handlers and function handlers record nothing: derive
         reason = "chosen by the handler (it does not record why)"
         available, tf32, fmt = _devices.availability(), {}, ""
@@ -152,8 +164,11 @@ def build_device_report(harness: HarnessView) -> DeviceReport:
     model_devices = {key.split(" ")[0] for where in placement.values() for key in where}
     if len(model_devices) > 1:
         report.warnings.append(f"the model is spread over {sorted(model_devices)}: move it with model.to(self.device)")
-    if device is not None and model_devices and str(device) not in model_devices and not (
-        str(device).startswith("cuda") and any(d.startswith("cuda") for d in model_devices)
+    if (
+        device is not None
+        and model_devices
+        and str(device) not in model_devices
+        and not (str(device).startswith("cuda") and any(d.startswith("cuda") for d in model_devices))
     ):
         report.warnings.append(f"the handler's device is {device} but the model lives on {sorted(model_devices)}")
     for stage, devices in stage_devices.items():
@@ -187,7 +202,12 @@ def watch_copies(fn: Any) -> tuple[Any, list[str]]:
                 return out
             if func in moves and isinstance(out, torch.Tensor) and out.device != source.device:
                 copies.append(f"{func.__name__}: {source.device} -> {out.device} {list(source.shape)}")
-            elif func is torch.Tensor.copy_ and len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].device != source.device:
+            elif (
+                func is torch.Tensor.copy_
+                and len(args) > 1
+                and isinstance(args[1], torch.Tensor)
+                and args[1].device != source.device
+            ):
                 copies.append(f"copy_: {args[1].device} -> {source.device} {list(source.shape)}")
             elif func in reads and source.device.type != "cpu":
                 copies.append(f"{func.__name__}: {source.device} -> host {list(source.shape)}")

@@ -37,7 +37,15 @@ from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import HandlerkitError
 
-__all__ = ["RANGE_PREFIX", "OpStats", "ProfileReport", "StageTotals", "aggregate", "profile_stages", "profiler_activities"]
+__all__ = [
+    "RANGE_PREFIX",
+    "OpStats",
+    "ProfileReport",
+    "StageTotals",
+    "aggregate",
+    "profile_stages",
+    "profiler_activities",
+]
 
 RANGE_PREFIX = "handlerkit::"
 """Prefix of the labelled ranges: ``handlerkit::preprocess`` … ``handlerkit::handle``."""
@@ -192,7 +200,7 @@ def _on_cpu(evt: Any) -> bool:
 
 def _range_stage(evt: Any) -> str | None:
     name = evt.name
-    return name[len(RANGE_PREFIX):] if name.startswith(RANGE_PREFIX) else None
+    return name[len(RANGE_PREFIX) :] if name.startswith(RANGE_PREFIX) else None
 
 
 def _self_device_us(evt: Any) -> float:
@@ -467,7 +475,9 @@ def profile_stages(
             "methods taken before the run, as MicroBatching does): every operator counts for handle"
         )
     elif handler is not None and not labelled and any(callable(getattr(handler, s, None)) for s in HANDLER_STAGES):
-        notes.append("the handler's stage methods could not be labelled (no instance __dict__): every operator counts for handle")
+        notes.append(
+            "the handler's stage methods could not be labelled (no instance __dict__): every operator counts for handle"
+        )
     return ProfileReport(
         stages,
         totals,

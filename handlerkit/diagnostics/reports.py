@@ -28,13 +28,26 @@ class Reports:
 
         return time_stages(self._view, Batch.coerce(batch_or_data), warmup=warmup, repeat=repeat, progress=progress)
 
-    def sweep(self, batch_or_data: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8), warmup: int = 2, repeat: int = 10,
-              *, progress: bool | None = None) -> Any:
+    def sweep(
+        self,
+        batch_or_data: Any,
+        batch_sizes: Sequence[int] = (1, 2, 4, 8),
+        warmup: int = 2,
+        repeat: int = 10,
+        *,
+        progress: bool | None = None,
+    ) -> Any:
         """Latency and throughput per stage for each batch size (requests repeated to size)."""
         from handlerkit.diagnostics.timing import sweep_stages
 
-        return sweep_stages(self._view, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, warmup=warmup, repeat=repeat,
-                            progress=progress)
+        return sweep_stages(
+            self._view,
+            Batch.coerce(batch_or_data),
+            batch_sizes=batch_sizes,
+            warmup=warmup,
+            repeat=repeat,
+            progress=progress,
+        )
 
     def device_report(self) -> Any:
         """Device chosen and why, accelerators, TF32, where parameters and stage tensors live."""
@@ -49,24 +62,50 @@ class Reports:
 
         return run_checks(self._view, Batch.coerce(batch_or_data), atol=atol, rtol=rtol, progress=progress)
 
-    def compile_report(self, batch_or_data: Any, *, batch_sizes: Sequence[int] | None = None, repeat: int = 10,
-                       warmup: int = 1, progress: bool | None = None) -> Any:
+    def compile_report(
+        self,
+        batch_or_data: Any,
+        *,
+        batch_sizes: Sequence[int] | None = None,
+        repeat: int = 10,
+        warmup: int = 1,
+        progress: bool | None = None,
+    ) -> Any:
         """Did ``torch.compile`` apply, what it cost (the first call, split into Dynamo and
         backend), graph breaks, recompiles, compiled against eager over ``repeat`` steady calls;
         with ``batch_sizes`` the deploy-time gate: will traffic of those sizes recompile?"""
         from handlerkit.diagnostics.compile import compile_report
 
-        return compile_report(self._view, Batch.coerce(batch_or_data), batch_sizes=batch_sizes, repeat=repeat,
-                              warmup=warmup, progress=progress)
+        return compile_report(
+            self._view,
+            Batch.coerce(batch_or_data),
+            batch_sizes=batch_sizes,
+            repeat=repeat,
+            warmup=warmup,
+            progress=progress,
+        )
 
-    def profile(self, batch_or_data: Any, *, top: int = 10, record_shapes: bool = False,
-                trace: str | os.PathLike[str] | None = None, progress: bool | None = None) -> Any:
+    def profile(
+        self,
+        batch_or_data: Any,
+        *,
+        top: int = 10,
+        record_shapes: bool = False,
+        trace: str | os.PathLike[str] | None = None,
+        progress: bool | None = None,
+    ) -> Any:
         """One run under ``torch.profiler``: the top operators of each stage; ``trace`` writes a
         Chrome/Perfetto trace."""
         from handlerkit.diagnostics.profile import profile_stages
 
-        return profile_stages(self._view, Batch.coerce(batch_or_data), top=top, record_shapes=record_shapes,
-                              trace=trace, progress=progress)
+        return profile_stages(
+            self._view,
+            Batch.coerce(batch_or_data),
+            top=top,
+            record_shapes=record_shapes,
+            trace=trace,
+            progress=progress,
+        )
 
     @property
     def _view(self) -> HarnessView:

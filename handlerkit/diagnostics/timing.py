@@ -356,17 +356,23 @@ def time_stages(
     """
     with diagnostic_runs(harness), warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.simplefilter("ignore")
-        shown = progress if isinstance(progress, Bar) else stack.enter_context(
-            Bar(warmup + repeat, f"timing {harness.name}", progress)
+        shown = (
+            progress
+            if isinstance(progress, Bar)
+            else stack.enter_context(Bar(warmup + repeat, f"timing {harness.name}", progress))
         )
-        samples = time_callable_stages(lambda: _stage_ms(harness.run(batch)), warmup=warmup, repeat=repeat, progress=shown)
+        samples = time_callable_stages(
+            lambda: _stage_ms(harness.run(batch)), warmup=warmup, repeat=repeat, progress=shown
+        )
     handler = harness.handler
     device = getattr(handler, "device", None) or "cpu"
     notes = []
     compiled = getattr(getattr(getattr(handler, "decisions", None), "compile", None), "applied", False)
     if compiled and warmup < 1:
         notes.append("the model is compiled and warmup is 0: the first pass includes compilation")
-    return TimingReport.from_samples(samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes)
+    return TimingReport.from_samples(
+        samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes
+    )
 
 
 def resize_batch(batch: Any, size: int) -> Any:

@@ -18,8 +18,15 @@ _EXPORTS = {
     "TextClassifier": "handlerkit.handlers.text_classifier",
 }
 
-__all__ = ["BaseHandler", "ImageClassifier", "ImageSegmenter", "ObjectDetector", "TextClassifier", "TextHandler",
-           "VisionHandler"]  # what _EXPORTS serves (tests/test_handlers.py checks it)
+__all__ = [
+    "BaseHandler",
+    "ImageClassifier",
+    "ImageSegmenter",
+    "ObjectDetector",
+    "TextClassifier",
+    "TextHandler",
+    "VisionHandler",
+]  # what _EXPORTS serves (tests/test_handlers.py checks it)
 
 
 def __getattr__(name: str) -> Any:

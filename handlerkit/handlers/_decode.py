@@ -37,14 +37,20 @@ def image_bytes(payload: Any, index: int) -> bytes | bytearray:
         payload = bytes(payload)
     if isinstance(payload, str):
         if payload.lstrip().startswith("data:") and "," in payload:
-            raise refuse(index, "the body is a data URL, not base64 alone",
-                          "send only what follows the comma (the base64 part), or the image bytes themselves")
+            raise refuse(
+                index,
+                "the body is a data URL, not base64 alone",
+                "send only what follows the comma (the base64 part), or the image bytes themselves",
+            )
         try:
             # Whitespace is dropped first: base64 tools wrap lines (TorchServe's decoder skips it too).
             decoded = base64.b64decode("".join(payload.split()), validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise refuse(index, f"the body is a str that is not base64 ({exc})",
-                          "send the image bytes with a binary content type, or base64-encode them") from exc
+            raise refuse(
+                index,
+                f"the body is a str that is not base64 ({exc})",
+                "send the image bytes with a binary content type, or base64-encode them",
+            ) from exc
         if not decoded:
             raise refuse(index, "the body is empty", _SEND_AN_IMAGE)
         return decoded
@@ -52,7 +58,9 @@ def image_bytes(payload: Any, index: int) -> bytes | bytearray:
         if not payload:
             raise refuse(index, "an empty body", "send the image as the request body or as a form field named 'data'")
         return payload
-    raise refuse(index, f"{payload_kind(payload)} is not an image", "send image bytes, a base64 str or a list of floats")
+    raise refuse(
+        index, f"{payload_kind(payload)} is not an image", "send image bytes, a base64 str or a list of floats"
+    )
 
 
 @contextlib.contextmanager
@@ -103,17 +111,24 @@ def open_image(data: bytes | bytearray, index: int, *, limit_pixels: bool = True
             # PIL refuses above twice its limit and names that in its message; say it our way.
             found = re.search(r"\((\d+) pixels\)", str(exc))
             pixels = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
-            raise _too_large(index, f"the image has {pixels}, more than the limit of {int(Image.MAX_IMAGE_PIXELS or 0):,}") from exc
+            raise _too_large(
+                index, f"the image has {pixels}, more than the limit of {int(Image.MAX_IMAGE_PIXELS or 0):,}"
+            ) from exc
         except MemoryError:
             raise
         except Exception as exc:  # UnidentifiedImageError, and what broken headers raise (SyntaxError, ...)
             detail = "" if isinstance(exc, Image.UnidentifiedImageError) else f" ({type(exc).__name__}: {exc})"
-            raise refuse(index, f"the {len(data)}-byte body is not an image PIL can read{detail}", _SEND_AN_IMAGE) from exc
+            raise refuse(
+                index, f"the {len(data)}-byte body is not an image PIL can read{detail}", _SEND_AN_IMAGE
+            ) from exc
     limit = Image.MAX_IMAGE_PIXELS
     width, height = image.size
     if limit_pixels and limit is not None and width * height > limit:
         image.close()
-        raise _too_large(index, f"the image has {width * height:,} pixels ({width} x {height}), more than the limit of {int(limit):,}")
+        raise _too_large(
+            index,
+            f"the image has {width * height:,} pixels ({width} x {height}), more than the limit of {int(limit):,}",
+        )
     return image
 
 
@@ -128,8 +143,9 @@ def load_image(image: Any, index: int) -> Any:
     except MemoryError:
         raise
     except Exception as exc:  # OSError, SyntaxError, ValueError, EOFError, zlib/struct errors...
-        raise refuse(index, f"the image is corrupt or truncated ({type(exc).__name__}: {exc})",
-                      "send the complete image file") from exc
+        raise refuse(
+            index, f"the image is corrupt or truncated ({type(exc).__name__}: {exc})", "send the complete image file"
+        ) from exc
     return image
 
 

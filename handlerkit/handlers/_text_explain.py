@@ -57,7 +57,9 @@ class _Lookup(torch.nn.Module):
         return torch.nn.functional.embedding(input, self.weight)
 
 
-def token_attributions(model: Any, indices: torch.Tensor, target: int, *, baseline_index: int = 0, n_steps: int = 50) -> torch.Tensor:
+def token_attributions(
+    model: Any, indices: torch.Tensor, target: int, *, baseline_index: int = 0, n_steps: int = 50
+) -> torch.Tensor:
     """Integrated Gradients (captum's LayerIntegratedGradients) of class ``target`` for each
     entry of one text, summed over the embedding and scaled to unit L2 norm.
 

@@ -41,10 +41,10 @@ from typing import Any, TypeVar
 import torch
 
 from handlerkit._stack import user_stacklevel
+from handlerkit.batches import payload
 from handlerkit.devices import choose_device
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, ModelLoadError
 from handlerkit.formats import detect_format, load_model
-from handlerkit.requests import payload
 from handlerkit.timer import Timer
 
 logger = logging.getLogger(__name__)
@@ -125,8 +125,7 @@ def load_label_mapping(path: str) -> dict[str, str] | None:
         ) from exc
     if not isinstance(mapping, dict):
         raise ModelLoadError(
-            f"{path} holds a {type(mapping).__name__}; an index->name map is a JSON object "
-            '{"0": "label", ...}',
+            f'{path} holds a {type(mapping).__name__}; an index->name map is a JSON object {{"0": "label", ...}}',
             path=path,
             fix="rewrite it in that form",
         )
@@ -138,8 +137,7 @@ def load_label_mapping(path: str) -> dict[str, str] | None:
         label = value[-1] if isinstance(value, list) and value else value
         if not isinstance(label, str):
             raise ModelLoadError(
-                f"{path}: the label for {key!r} is {value!r}; labels must be a str or a list whose last "
-                "item is a str",
+                f"{path}: the label for {key!r} is {value!r}; labels must be a str or a list whose last item is a str",
                 path=path,
             )
         out[str(key)] = label
@@ -245,13 +243,17 @@ class BaseHandler:
             )
         model_dir = properties.get("model_dir") or "."
         if not os.path.isdir(model_dir):
-            raise ModelLoadError(f"model_dir {model_dir} does not exist", path=model_dir, fix="point the context at the model dir")
+            raise ModelLoadError(
+                f"model_dir {model_dir} does not exist", path=model_dir, fix="point the context at the model dir"
+            )
         serialized = self.manifest["model"].get("serializedFile")
         self.model_pt_path = os.path.join(model_dir, serialized) if serialized else None
         model_file = self.manifest["model"].get("modelFile") or None
 
         fmt = detect_format(self.model_pt_path, model_file, aot_compile=config.pt2.aot_compile)
-        loaded = load_model(fmt, device=self.device, model_dir=model_dir, model_pt_path=self.model_pt_path, model_file=model_file)
+        loaded = load_model(
+            fmt, device=self.device, model_dir=model_dir, model_pt_path=self.model_pt_path, model_file=model_file
+        )
         self.model = loaded.model
         decisions.model_format, decisions.loader = loaded.format, loaded.loader
         decisions.model_path, decisions.model_details = loaded.path, loaded.details

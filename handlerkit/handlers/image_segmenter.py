@@ -64,4 +64,3 @@ def _logits(data: Any) -> torch.Tensor:
         f"segmentation format) or that tensor; got {got}",
         fix="return the per-pixel class scores under 'out', or override postprocess",
     )
-

@@ -75,12 +75,15 @@ class ObjectDetector(VisionHandler):
         kept = []
         for index, tensor in zip(readable, tensors):
             if tensor.dim() != 3:
-                self.fail_request(index, RequestError(
-                    f"request {index}: a list of floats of shape {list(tensor.shape)} is not an image "
-                    "[channels, height, width]",
+                self.fail_request(
                     index,
-                    fix="send the image itself, or a nested list of floats shaped [3, height, width]",
-                ))
+                    RequestError(
+                        f"request {index}: a list of floats of shape {list(tensor.shape)} is not an image "
+                        "[channels, height, width]",
+                        index,
+                        fix="send the image itself, or a nested list of floats shaped [3, height, width]",
+                    ),
+                )
             else:
                 kept.append(tensor)
         if not kept:
@@ -107,10 +110,12 @@ class ObjectDetector(VisionHandler):
                     f"and {len(scores)} scores above the threshold; they must be one each per detection",
                     fix="return boxes [k, 4], labels [k] and scores [k] for the same k",
                 )
-            answers.append([
-                {(mapping.get(str(label), str(label)) if mapping is not None else str(label)): box, "score": score}
-                for box, label, score in zip(boxes, labels, scores)
-            ])
+            answers.append(
+                [
+                    {(mapping.get(str(label), str(label)) if mapping is not None else str(label)): box, "score": score}
+                    for box, label, score in zip(boxes, labels, scores)
+                ]
+            )
         return answers
 
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
@@ -130,6 +135,10 @@ def _detections(data: Any) -> list[Mapping[str, torch.Tensor]]:
     raise HandlerkitError(
         "object_detector needs the model to return one dict per image with tensors 'boxes' [k, 4], "
         f"'labels' [k] and 'scores' [k] (torchvision's detection format); got {describe(data)}"
-        + (f" (first: {sorted(map(str, data[0]))})" if isinstance(data, (list, tuple)) and data and isinstance(data[0], Mapping) else ""),
+        + (
+            f" (first: {sorted(map(str, data[0]))})"
+            if isinstance(data, (list, tuple)) and data and isinstance(data[0], Mapping)
+            else ""
+        ),
         fix="return that list from the model's forward, or override postprocess",
     )

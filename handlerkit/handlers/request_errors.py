@@ -23,8 +23,13 @@ __all__ = ["STATUS_PHRASES", "error_item", "fail", "payload_kind", "put_back", "
 #: The reason phrase sent with each status code a request's error can have.
 STATUS_PHRASES = {400: "Bad Request", 413: "Payload Too Large"}
 
-_JSON_KINDS = {dict: "a JSON object", list: "a JSON array", bool: "a JSON boolean", int: "a JSON number",
-               float: "a JSON number"}
+_JSON_KINDS = {
+    dict: "a JSON object",
+    list: "a JSON array",
+    bool: "a JSON boolean",
+    int: "a JSON number",
+    float: "a JSON number",
+}
 
 
 def refuse(index: int, what: str, fix: str, code: int = 400) -> RequestError:

@@ -41,11 +41,11 @@ from typing import Any, NamedTuple
 import torch
 
 from handlerkit._stack import user_stacklevel
+from handlerkit.batches import payload as request_payload
 from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning, ModelLoadError, RequestError
 from handlerkit.handlers._contractions import CONTRACTIONS
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
 from handlerkit.handlers.request_errors import fail, payload_kind, refuse
-from handlerkit.requests import payload as request_payload
 
 __all__ = [
     "TextBatch",
@@ -71,8 +71,19 @@ _CONTRACTION = re.compile(
 )
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 # torchtext's basic_english, in its order: (text, replacement) applied one after the other.
-_BASIC_ENGLISH = (("'", " '  "), ('"', ""), (".", " . "), ("<br />", " "), (",", " , "), ("(", " ( "),
-                  (")", " ) "), ("!", " ! "), ("?", " ? "), (";", " "), (":", " "))
+_BASIC_ENGLISH = (
+    ("'", " '  "),
+    ('"', ""),
+    (".", " . "),
+    ("<br />", " "),
+    (",", " , "),
+    ("(", " ( "),
+    (")", " ) "),
+    ("!", " ! "),
+    ("?", " ? "),
+    (";", " "),
+    (":", " "),
+)
 
 
 def remove_html_tags(text: str) -> str:
@@ -153,7 +164,9 @@ class Vocabulary:
         if problems:
             where = path or "the vocabulary"
             raise ModelLoadError(
-                f"{where}: " + "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
+                f"{where}: "
+                + "; ".join(problems[:5])
+                + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
                 path=path,
                 fix="write one entry per line, each once, words separated by one space; the first line is the unknown entry",
             )
@@ -272,7 +285,8 @@ class TextHandler(BaseHandler):
             legacy = os.path.join(model_dir, "source_vocab.pt")
             extra = (
                 f"; {legacy} is TorchServe's pickled torchtext Vocab, which cannot be read without torchtext"
-                if os.path.isfile(legacy) else ""
+                if os.path.isfile(legacy)
+                else ""
             )
             raise ModelLoadError(
                 f"no vocabulary file at {path}{extra}",
@@ -289,15 +303,20 @@ class TextHandler(BaseHandler):
                 fix="use the vocabulary the model was trained with",
             )
         self.source_vocab = vocab
-        note = (f"vocabulary {path}: {len(vocab)} entries, up to {vocab.max_words}-word entries, "
-                f"unknown {vocab.itos[0]!r}; ngrams={self.ngrams}; max_text_chars={self.max_text_chars}")
+        note = (
+            f"vocabulary {path}: {len(vocab)} entries, up to {vocab.max_words}-word entries, "
+            f"unknown {vocab.itos[0]!r}; ngrams={self.ngrams}; max_text_chars={self.max_text_chars}"
+        )
         decisions.notes.append(note)
         if vocab.max_words != self.ngrams:
             warnings.warn(
                 f"handlerkit: the vocabulary's longest entries have {vocab.max_words} word(s) but the handler "
                 f"makes n-grams up to {self.ngrams}: "
-                + ("every longer n-gram is looked up as unknown" if vocab.max_words < self.ngrams
-                   else "its longer entries are never used")
+                + (
+                    "every longer n-gram is looked up as unknown"
+                    if vocab.max_words < self.ngrams
+                    else "its longer entries are never used"
+                )
                 + f"; set handler: {{ngrams: {vocab.max_words}}} if the model was trained that way",
                 HandlerkitWarning,
                 stacklevel=user_stacklevel(),
@@ -321,15 +340,22 @@ class TextHandler(BaseHandler):
                 payload = bytes(payload).decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise refuse(
-                    index, f"the body is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at position {exc.start})",
+                    index,
+                    f"the body is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at position {exc.start})",
                     "encode the text as UTF-8 (Latin-1 and UTF-16 are not read)",
                 ) from exc
         if not isinstance(payload, str):
-            raise refuse(index, f"{payload_kind(payload)} is not text", fix + " (TorchServe's text classifier reads no JSON fields either)")
+            raise refuse(
+                index,
+                f"{payload_kind(payload)} is not text",
+                fix + " (TorchServe's text classifier reads no JSON fields either)",
+            )
         if not payload.strip():
             raise refuse(index, "the body is empty" if not payload else "the text is only whitespace", fix)
         if len(payload) > limit:
-            raise refuse(index, f"the text has {len(payload):,} characters; this handler takes at most {limit:,}", too_long, 413)
+            raise refuse(
+                index, f"the text has {len(payload):,} characters; this handler takes at most {limit:,}", too_long, 413
+            )
         return payload
 
     def features(self, text: str) -> list[str]:
@@ -365,7 +391,9 @@ class TextHandler(BaseHandler):
         (and its 4xx status) here and is left out of the model's input."""
         vocab = self.source_vocab
         if vocab is None:
-            raise HandlerkitError("preprocess ran before initialize loaded the vocabulary", fix="call initialize(context) first")
+            raise HandlerkitError(
+                "preprocess ran before initialize loaded the vocabulary", fix="call initialize(context) first"
+            )
         rows: list[int] = []
         offsets: list[int] = []
         features: list[list[str] | None] = []
@@ -376,7 +404,8 @@ class TextHandler(BaseHandler):
                 found = self.features(text)
                 if not found:
                     raise refuse(
-                        index, f"no words are left after normalisation (tags, accents, punctuation removed) of {text[:40]!r}",
+                        index,
+                        f"no words are left after normalisation (tags, accents, punctuation removed) of {text[:40]!r}",
                         "send text with at least one word in Latin letters or digits",
                     )
             except RequestError as exc:
@@ -405,4 +434,3 @@ def _embedding_rows(model: Any) -> int | None:
     module = getattr(model, "_orig_mod", model)
     rows = getattr(getattr(module, "embedding", None), "num_embeddings", None)
     return rows if isinstance(rows, int) else None
-

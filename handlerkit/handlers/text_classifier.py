@@ -66,8 +66,10 @@ class TextClassifier(TextHandler):
                 top_probs, top_classes = torch.topk(probs, min(self.topk, probs.shape[1]), dim=1)
                 classes, values = top_classes.tolist(), top_probs.tolist()
             mapping = self.mapping
-            answers = [{(mapping[str(c)] if mapping is not None else str(c)): p for c, p in zip(cs, ps)}
-                       for cs, ps in zip(classes, values)]
+            answers = [
+                {(mapping[str(c)] if mapping is not None else str(c)): p for c, p in zip(cs, ps)}
+                for cs, ps in zip(classes, values)
+            ]
         return put_back(answers, batch.errors, len(batch.features))
 
     # -------------------------------------------------------------- explanations
@@ -104,8 +106,10 @@ class TextClassifier(TextHandler):
         elif vocab is not None:
             words = [vocab.itos[i] for i in text_preprocess.tolist()]
         else:
-            raise HandlerkitError("explanations need the raw text or a vocabulary; this handler has neither",
-                                  fix="load a vocabulary in initialize (source_vocab)")
+            raise HandlerkitError(
+                "explanations need the raw text or a vocabulary; this handler has neither",
+                fix="load a vocabulary in initialize (source_vocab)",
+            )
         return {"words": words, "importances": importances.tolist()}
 
     def _target(self, row: Any, index: int) -> int:
@@ -118,9 +122,16 @@ class TextClassifier(TextHandler):
         if value is None:
             value = 0
         classes = len(self.mapping) if self.mapping is not None else None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (classes is not None and value >= classes):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < 0
+            or (classes is not None and value >= classes)
+        ):
             within = f"0..{classes - 1}" if classes is not None else "a class index"
             raise RequestError(
-                f"request {index}: target {value!r} is not a class index", index, fix=f"send target as an integer in {within}"
+                f"request {index}: target {value!r} is not a class index",
+                index,
+                fix=f"send target as an integer in {within}",
             )
         return value

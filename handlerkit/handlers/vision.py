@@ -36,12 +36,12 @@ from typing import Any
 import torch
 
 from handlerkit._optional import require
+from handlerkit.batches import payload as request_payload
 from handlerkit.errors import ConfigError, RequestError
 from handlerkit.handlers._decode import convert_mode, image_bytes, load_image, open_image
 from handlerkit.handlers._pipeline import ResizeCropNormalize, pipeline_from
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
 from handlerkit.handlers.request_errors import fail, put_back
-from handlerkit.requests import payload as request_payload
 
 __all__ = ["ResizeCropNormalize", "VisionHandler", "decode_image"]
 
@@ -123,15 +123,19 @@ class VisionHandler(BaseHandler):
         cls = type(self)
         threads = self.settings.get("decode_threads", cls.decode_threads)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ConfigError(f"handler.decode_threads must be a positive integer, got {threads!r}",
-                              fix="write e.g. decode_threads: 2, or leave it out for torch.get_num_threads()")
+            raise ConfigError(
+                f"handler.decode_threads must be a positive integer, got {threads!r}",
+                fix="write e.g. decode_threads: 2, or leave it out for torch.get_num_threads()",
+            )
         draft = self.settings.get("jpeg_draft", cls.jpeg_draft)
         if not isinstance(draft, bool):
             raise ConfigError(f"handler.jpeg_draft must be true or false, got {draft!r}", fix="write jpeg_draft: true")
         self.decode_threads, self.jpeg_draft = threads, draft
         if draft:
-            decisions.notes.append("jpeg_draft: JPEGs are decoded at reduced size where the resize allows "
-                                   "(faster; pixels differ from TorchServe's)")
+            decisions.notes.append(
+                "jpeg_draft: JPEGs are decoded at reduced size where the resize allows "
+                "(faster; pixels differ from TorchServe's)"
+            )
 
     def _limit_pixels(self) -> bool:
         properties = getattr(self.context, "system_properties", None) or {}
@@ -224,8 +228,11 @@ class VisionHandler(BaseHandler):
                 payload = request_payload(row)
                 if payload is None:
                     got = f"got {sorted(row)}" if isinstance(row, dict) else f"got a {type(row).__name__}"
-                    raise RequestError(f"request {index}: no image under 'data' or 'body' ({got})", index,
-                                       fix="send the image as the request body or as a form field named 'data'")
+                    raise RequestError(
+                        f"request {index}: no image under 'data' or 'body' ({got})",
+                        index,
+                        fix="send the image as the request body or as a form field named 'data'",
+                    )
                 if isinstance(payload, (list, torch.Tensor)):  # floats shaped like the model input
                     lists[index] = payload
                     continue
@@ -246,8 +253,11 @@ class VisionHandler(BaseHandler):
             try:
                 image = convert_mode(image, mode, background)
             except (ValueError, OSError) as exc:  # e.g. LAB or HSV, which PIL cannot turn into RGB
-                raise RequestError(f"request {index}: a {image.mode} image cannot be converted to {mode} ({exc})",
-                                   index, fix="send an RGB, grayscale or palette image") from exc
+                raise RequestError(
+                    f"request {index}: a {image.mode} image cannot be converted to {mode} ({exc})",
+                    index,
+                    fix="send an RGB, grayscale or palette image",
+                ) from exc
             return pipeline.to_uint8(image, full_size) if pipeline is not None else image
 
         decoded = self._map(decode, opened)
@@ -273,7 +283,9 @@ class VisionHandler(BaseHandler):
             return batch.to(self.device)
         return self._stack([rows[i] for i in sorted(rows)], expected)
 
-    def _expected_shape(self, pipeline: ResizeCropNormalize | None, rows: dict[int, torch.Tensor]) -> tuple[int, ...] | None:
+    def _expected_shape(
+        self, pipeline: ResizeCropNormalize | None, rows: dict[int, torch.Tensor]
+    ) -> tuple[int, ...] | None:
         """The shape every request's tensor must have (a list of floats of another shape fails
         alone): the pipeline's output, else the first image's; None lets shapes differ."""
         if pipeline is not None and pipeline.output_shape is not None:

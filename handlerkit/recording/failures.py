@@ -28,15 +28,51 @@ _HANDLERS = os.path.join(_PACKAGE, "handlers")
 
 # (substrings of "ExceptionType: message", fix, the stages it applies to or None for all)
 _FIXES: list[tuple[tuple[str, ...], str, tuple[str, ...] | None]] = [
-    (("DecompressionBombError",), "send a smaller image, or MockContext(limit_max_image_pixels=False) for trusted sources", None),
-    (("UnidentifiedImageError", "cannot identify image file"), "the request body is not an image: send PNG/JPEG bytes as the body or the 'data' field", None),
-    (("image file is truncated", "broken data stream", "Truncated"), "the image is truncated or corrupt: re-send the complete file", None),
-    (("UnicodeDecodeError",), "the body is not UTF-8: send text with content-type text/plain; charset=utf-8, or decode with errors='replace'", None),
-    (("Expected all tensors to be on the same device", "device type"), "move the input to self.device in preprocess (or the model in initialize)", None),
-    (("mat1 and mat2 shapes cannot be multiplied", "size mismatch", "shape '[", "Given groups", "expected input"), "the preprocessed tensor's shape does not fit the model: compare h.results['preprocess'].tensors with the model's expected input", None),
-    (("NoneType' object is not callable", "'NoneType' object has no attribute"), "the model or a field is None: did initialize run and succeed? run h.initialize() first", None),
-    (("KeyError",), "a request lacks the field the handler reads: TorchServe puts a raw body under 'body' and form fields under their names ('data')", ("preprocess", "handle")),
-    (("stack expects each tensor to be equal size",), "preprocess must give every request the same shape: resize or pad in image_processing", None),
+    (
+        ("DecompressionBombError",),
+        "send a smaller image, or MockContext(limit_max_image_pixels=False) for trusted sources",
+        None,
+    ),
+    (
+        ("UnidentifiedImageError", "cannot identify image file"),
+        "the request body is not an image: send PNG/JPEG bytes as the body or the 'data' field",
+        None,
+    ),
+    (
+        ("image file is truncated", "broken data stream", "Truncated"),
+        "the image is truncated or corrupt: re-send the complete file",
+        None,
+    ),
+    (
+        ("UnicodeDecodeError",),
+        "the body is not UTF-8: send text with content-type text/plain; charset=utf-8, or decode with errors='replace'",
+        None,
+    ),
+    (
+        ("Expected all tensors to be on the same device", "device type"),
+        "move the input to self.device in preprocess (or the model in initialize)",
+        None,
+    ),
+    (
+        ("mat1 and mat2 shapes cannot be multiplied", "size mismatch", "shape '[", "Given groups", "expected input"),
+        "the preprocessed tensor's shape does not fit the model: compare h.results['preprocess'].tensors with the model's expected input",
+        None,
+    ),
+    (
+        ("NoneType' object is not callable", "'NoneType' object has no attribute"),
+        "the model or a field is None: did initialize run and succeed? run h.initialize() first",
+        None,
+    ),
+    (
+        ("KeyError",),
+        "a request lacks the field the handler reads: TorchServe puts a raw body under 'body' and form fields under their names ('data')",
+        ("preprocess", "handle"),
+    ),
+    (
+        ("stack expects each tensor to be equal size",),
+        "preprocess must give every request the same shape: resize or pad in image_processing",
+        None,
+    ),
     (("out of memory", "MemoryError"), "lower the batch size or the input size (TorchServe answers 507)", None),
 ]
 
@@ -110,7 +146,13 @@ def stage_error(
     notebook's ``"h.reload() and run <stage> again"`` by default; a server says its own).
     """
     # initialize and reload run before any batch: they are about no request.
-    where = "" if stage in _BATCHLESS else f" for request {request_index}" if request_index is not None else " for the batch"
+    where = (
+        ""
+        if stage in _BATCHLESS
+        else f" for request {request_index}"
+        if request_index is not None
+        else " for the batch"
+    )
     # handlerkit's own errors say what is wrong and how to fix it; for any other exception the
     # line of the handler that raised it is the most useful pointer.
     location = None if isinstance(exc, HandlerkitError) else raised_at(exc, handler_files)
@@ -126,13 +168,7 @@ def stage_error(
             f"correct it there, then {then or f'h.reload() and run {stage} again'}"
         )
     return StageError(
-        message,
-        stage=stage,
-        handler=handler,
-        request_index=request_index,
-        original=exc,
-        fix=fix,
-        location=location,
+        message, stage=stage, handler=handler, request_index=request_index, original=exc, fix=fix, location=location
     )
 
 
@@ -160,7 +196,9 @@ def handler_files(handler: Any) -> frozenset[str]:
     return frozenset(files)
 
 
-def failing_request(preprocess: Callable[[Any], Any], batch: Any, context: Any, imports: Callable[[], Any]) -> int | None:
+def failing_request(
+    preprocess: Callable[[Any], Any], batch: Any, context: Any, imports: Callable[[], Any]
+) -> int | None:
     """The index of the first request whose preprocess fails alone (the context is bound back
     to the whole batch after), or None when each passes alone."""
     try:

@@ -29,8 +29,7 @@ def reexecuted(target: Any, name: str) -> Any:
     path = getattr(module, "__file__", None)
     if target.__module__ == "__main__":
         raise HandlerkitError(
-            f"cannot reload {name}: it is defined in the script being run (__main__), which reloading "
-            "would run again",
+            f"cannot reload {name}: it is defined in the script being run (__main__), which reloading would run again",
             fix="define the handler in its own .py file (the model dir's handler.py) to reload it",
         )
     if module is None or not path or not os.path.isfile(path):

@@ -90,8 +90,16 @@ def batch_failure(service: Service, batch: Batch, exc: BaseException, files: fro
     # handle of the handler's own may not.
     on_batch_data = service.envelope is None and not service.single_stage
     return failures.batch_error(
-        stage, exc, handler=handler, handler_name=service.name, batch=batch, context=service.context,
-        imports=service.running, handler_files=files, on_batch_data=on_batch_data, then=SERVE_AGAIN,
+        stage,
+        exc,
+        handler=handler,
+        handler_name=service.name,
+        batch=batch,
+        context=service.context,
+        imports=service.running,
+        handler_files=files,
+        on_batch_data=on_batch_data,
+        then=SERVE_AGAIN,
     )
 
 
@@ -118,8 +126,9 @@ def timeout_failure(service: Service, thread_id: int | None, timeout_s: float, f
     exc.__traceback__ = tb
     handler = service.handler
     stage = failures.stage_of(exc, handler) if handler is not None else "handle"
-    return failures.stage_error(stage, exc, handler=service.name, request_index=None, handler_files=files,
-                                then=SERVE_AGAIN)
+    return failures.stage_error(
+        stage, exc, handler=service.name, request_index=None, handler_files=files, then=SERVE_AGAIN
+    )
 
 
 # -- a handler that fails to load ------------------------------------------------------------
@@ -134,16 +143,21 @@ def load_failure(exc: BaseException, service: Service | None) -> HandlerkitError
     if service is None:
         return HandlerkitError(f"the model could not be opened: {type(exc).__name__}: {exc}")
     files = failures.handler_files(service.function or service.handler)
-    return failures.stage_error("initialize", exc, handler=service.name, request_index=None, handler_files=files,
-                                then=SERVE_AGAIN)
+    return failures.stage_error(
+        "initialize", exc, handler=service.name, request_index=None, handler_files=files, then=SERVE_AGAIN
+    )
 
 
 def _record(error: HandlerkitError) -> dict[str, Any]:
     """An error as JSON data: its class name, message, fix, and a StageError's fields."""
     record: dict[str, Any] = {"type": type(error).__name__, "message": error.message, "fix": error.fix}
     if isinstance(error, StageError):
-        record.update(stage=error.stage, handler=error.handler, request_index=error.request_index,
-                      location=list(error.location) if error.location else None)
+        record.update(
+            stage=error.stage,
+            handler=error.handler,
+            request_index=error.request_index,
+            location=list(error.location) if error.location else None,
+        )
     return record
 
 
@@ -152,9 +166,14 @@ def _rebuild(record: dict[str, Any]) -> HandlerkitError:
     message, fix = str(record.get("message", "")), record.get("fix")
     if "stage" in record:
         location = record.get("location")
-        return StageError(message, stage=str(record["stage"]), handler=str(record.get("handler") or ""),
-                          request_index=record.get("request_index"), fix=fix,
-                          location=(str(location[0]), int(location[1]), str(location[2])) if location else None)
+        return StageError(
+            message,
+            stage=str(record["stage"]),
+            handler=str(record.get("handler") or ""),
+            request_index=record.get("request_index"),
+            fix=fix,
+            location=(str(location[0]), int(location[1]), str(location[2])) if location else None,
+        )
     cls = getattr(errors, str(record.get("type")), None)
     if isinstance(cls, type) and issubclass(cls, HandlerkitError):
         try:

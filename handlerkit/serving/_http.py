@@ -152,8 +152,13 @@ def error_reply(code: int, message: str, kind: str | None = None) -> Reply:
     """TorchServe's error document ``{"code", "type", "message"}`` for an error of the frontend
     itself (a bad request, no such model, no worker free); :func:`worker_error` for a batch the
     worker failed."""
-    kind = kind or ("BadRequestException" if code < 500 else "ServiceUnavailableException" if code == 503
-                    else "InternalServerException")
+    kind = kind or (
+        "BadRequestException"
+        if code < 500
+        else "ServiceUnavailableException"
+        if code == 503
+        else "InternalServerException"
+    )
     body = json.dumps({"code": code, "type": kind, "message": message}, indent=2).encode("utf-8")
     return Reply(code, None, {"content-type": "application/json"}, body)
 
@@ -232,7 +237,6 @@ def model_fields(config: Any, *, name: str, version: str | None, url: str, gpu: 
     }
 
 
-
 def customized_metadata(body: bytes) -> Any:
     """What TorchServe's frontend makes of a describe answer: the JSON object it holds; ``{}``
     for anything else (it logs "Customized metadata should be a dictionary."); absent (None
@@ -247,8 +251,9 @@ def customized_metadata(body: bytes) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-def description(fields: Mapping[str, Any], *, worker: Mapping[str, Any], pending: int, capacity: int,
-                customized: Any = None) -> Reply:
+def description(
+    fields: Mapping[str, Any], *, worker: Mapping[str, Any], pending: int, capacity: int, customized: Any = None
+) -> Reply:
     """TorchServe's describe answer: a JSON list of one model, ``customizedMetadata`` last when
     given (a Ray replica lists itself as the one worker)."""
     model = dict(fields)

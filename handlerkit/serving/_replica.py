@@ -97,8 +97,12 @@ class HandlerReplica:
         self.handle_ms: list[float] = []
         self._batcher: Batcher | None = None
         if settings.get("batching", "torchserve") == "torchserve":
-            self._batcher = Batcher(self._kind_batch, max_batch_size=settings["batch_size"],
-                                    max_delay_s=settings["batch_wait_timeout_s"], solo=("describe",))
+            self._batcher = Batcher(
+                self._kind_batch,
+                max_batch_size=settings["batch_size"],
+                max_delay_s=settings["batch_wait_timeout_s"],
+                solo=("describe",),
+            )
         else:  # Ray's @serve.batch
             # serve.batch's wrappers: their setters are not in the methods' signatures.
             for method in cast("tuple[Any, ...]", (self._predict, self._explain)):
@@ -117,8 +121,13 @@ class HandlerReplica:
             # the entry point (in the envelope, if any) before initialize, as the worker does.
             # Ray sets CUDA_VISIBLE_DEVICES to the replica's GPUs, so its first GPU is cuda:0 here.
             service = Service.open(
-                model, handler=handler, gpu_id=0 if ray.get_gpu_ids() else None, batch_size=settings["batch_size"],
-                model_name=self.name, envelope=settings.get("envelope"), working_dir="process",
+                model,
+                handler=handler,
+                gpu_id=0 if ray.get_gpu_ids() else None,
+                batch_size=settings["batch_size"],
+                model_name=self.name,
+                envelope=settings.get("envelope"),
+                working_dir="process",
             )
             service.initialize()
         except Exception as exc:
@@ -174,16 +183,23 @@ class HandlerReplica:
         try:
             return await asyncio.wait_for(future, self.timeout)
         except asyncio.TimeoutError:
-            self._stuck = (f'Model "{self.name}" has no worker to serve inference request: its worker ran past '
-                           f"responseTimeout ({self.timeout:g} s) and is being replaced; retry shortly")
+            self._stuck = (
+                f'Model "{self.name}" has no worker to serve inference request: its worker ran past '
+                f"responseTimeout ({self.timeout:g} s) and is being replaced; retry shortly"
+            )
             try:
-                error: Any = _failures.timeout_failure(self.service, self._handle_thread, self.timeout,
-                                                       self._handler_files())
+                error: Any = _failures.timeout_failure(
+                    self.service, self._handle_thread, self.timeout, self._handler_files()
+                )
             except Exception as failed:  # the answer and the replacement matter more than the report
                 error = f"no answer within responseTimeout (not attributed: {type(failed).__name__}: {failed})"
-            logger.error("%s answered 500 \"Worker died.\" to %s; this replica now reports itself unhealthy, so that "
-                         "Ray replaces it, as TorchServe kills and restarts a worker that runs past responseTimeout:\n%s",
-                         self.name, _ids(requests), error)
+            logger.error(
+                '%s answered 500 "Worker died." to %s; this replica now reports itself unhealthy, so that '
+                "Ray replaces it, as TorchServe kills and restarts a worker that runs past responseTimeout:\n%s",
+                self.name,
+                _ids(requests),
+                error,
+            )
             return [WORKER_DIED] * len(requests)
 
     async def check_health(self) -> None:
@@ -207,21 +223,36 @@ class HandlerReplica:
 
     async def __call__(self, http: HttpRequest) -> Response:
         path, root = http.scope.get("path", "/"), http.scope.get("root_path", "")
-        route = parse_route(path[len(root):] if root and path.startswith(root) else path)
+        route = parse_route(path[len(root) :] if root and path.startswith(root) else path)
         if route.kind == "ping":  # TorchServe answers 500 "Unhealthy" while its worker restarts
             code, status = (500, b"Unhealthy") if self._stuck is not None else (200, b"Healthy")
-            return _response(Reply(code, None, {"content-type": "application/json"}, b'{\n  "status": "%s"\n}' % status))
+            return _response(
+                Reply(code, None, {"content-type": "application/json"}, b'{\n  "status": "%s"\n}' % status)
+            )
         if route.kind == "unknown":
-            return _response(error_reply(404, "Requested resource is not found, please refer to API document.",
-                                         "ResourceNotFoundException"))
+            return _response(
+                error_reply(
+                    404, "Requested resource is not found, please refer to API document.", "ResourceNotFoundException"
+                )
+            )
         if route.kind == "describe" and http.method != "GET":
-            return _response(error_reply(405, "only GET /models/<model> of TorchServe's management API is served here",
-                                         "MethodNotAllowedException"))
+            return _response(
+                error_reply(
+                    405,
+                    "only GET /models/<model> of TorchServe's management API is served here",
+                    "MethodNotAllowedException",
+                )
+            )
         if route.model != self.name:
             return _response(error_reply(404, f"Model not found: {route.model}", "ModelNotFoundException"))
         if route.version is not None and self.version is not None and route.version != self.version:
-            return _response(error_reply(404, f"Model version: {route.version} does not exist for model: {self.name}",
-                                         "ModelVersionNotFoundException"))
+            return _response(
+                error_reply(
+                    404,
+                    f"Model version: {route.version} does not exist for model: {self.name}",
+                    "ModelVersionNotFoundException",
+                )
+            )
         if route.kind == "describe":
             return _response(await self._describe(http))
         body = await http.body()
@@ -229,8 +260,14 @@ class HandlerReplica:
         # it and sends it back: the handler's context and the replica's log use the same one.
         ray_id = http.headers.get("x-request-id")
         try:
-            request = to_request(http.headers.items(), body, query=http.query_params.multi_items(),
-                                 explain=route.kind == "explain", url_path=route.url_path, request_id=ray_id)
+            request = to_request(
+                http.headers.items(),
+                body,
+                query=http.query_params.multi_items(),
+                explain=route.kind == "explain",
+                url_path=route.url_path,
+                request_id=ray_id,
+            )
         except ValueError as exc:
             return _response(error_reply(400, str(exc)))
         if self._batcher is not None:
@@ -252,8 +289,9 @@ class HandlerReplica:
                 return reply
             customized = customized_metadata(reply.body)
         pending = self._batcher.pending if self._batcher is not None else 0
-        return description(self._fields, worker=self._worker(), pending=pending, capacity=self._capacity,
-                           customized=customized)
+        return description(
+            self._fields, worker=self._worker(), pending=pending, capacity=self._capacity, customized=customized
+        )
 
     def _worker(self) -> dict[str, Any]:
         """This replica as TorchServe lists a worker."""
@@ -262,17 +300,29 @@ class HandlerReplica:
         except Exception:  # outside a replica (tests of the class itself)
             replica_id = str(os.getpid())
         started = self._started.strftime("%Y-%m-%dT%H:%M:%S.") + f"{self._started.microsecond // 1000:03d}Z"
-        return {"id": replica_id, "startTime": started, "status": "READY", "memoryUsage": _rss_bytes(),
-                "pid": os.getpid(), "gpu": self.context.system_properties.get("gpu_id") is not None,
-                "gpuUsage": "N/A"}
+        return {
+            "id": replica_id,
+            "startTime": started,
+            "status": "READY",
+            "memoryUsage": _rss_bytes(),
+            "pid": os.getpid(),
+            "gpu": self.context.system_properties.get("gpu_id") is not None,
+            "gpuUsage": "N/A",
+        }
 
     def stats(self) -> dict[str, Any]:
         """The batch sizes this replica ran and how long each ``handle`` took (ms), its pid and
         thread settings (for tests and the benchmark)."""
         import torch
 
-        return {"batch_sizes": list(self.batch_sizes), "handle_ms": list(self.handle_ms), "pid": os.getpid(), "torch_threads": torch.get_num_threads(),
-                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "switch_interval": sys.getswitchinterval()}
+        return {
+            "batch_sizes": list(self.batch_sizes),
+            "handle_ms": list(self.handle_ms),
+            "pid": os.getpid(),
+            "torch_threads": torch.get_num_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "switch_interval": sys.getswitchinterval(),
+        }
 
 
 def _ids(requests: Any) -> str:

@@ -65,7 +65,10 @@ def deployment_options(
     if num_gpus is None:
         num_gpus = 1 if cfg.device_type == "gpu" else 0
     deployment: dict[str, Any] = {
-        "ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus if num_cpus is not None else (0 if num_gpus else 1)},
+        "ray_actor_options": {
+            "num_gpus": num_gpus,
+            "num_cpus": num_cpus if num_cpus is not None else (0 if num_gpus else 1),
+        },
         # A replica must accept a whole batch at once (Ray's default is 5) and queue the next.
         "max_ongoing_requests": max(cfg.job_queue_size or _DEFAULT_QUEUE, 2 * batch_size),
         # A handler that fails to load fails the deployment at the first try (Ray's default
@@ -77,8 +80,11 @@ def deployment_options(
     if num_replicas is not None:
         deployment["num_replicas"] = num_replicas
     elif high is not None and high > low:
-        deployment["autoscaling_config"] = {"min_replicas": low, "max_replicas": high,
-                                            "target_ongoing_requests": batch_size}
+        deployment["autoscaling_config"] = {
+            "min_replicas": low,
+            "max_replicas": high,
+            "target_ongoing_requests": batch_size,
+        }
     else:
         deployment["num_replicas"] = low
     return {
@@ -156,8 +162,13 @@ def app(
     model_name = name or ctx.model_name
     version = (ctx.manifest.get("model") or {}).get("modelVersion")
     options["queue_capacity"] = deployment["max_ongoing_requests"]
-    options["describe"] = model_fields(cfg, name=model_name, version=version, url=os.path.basename(path),
-                                       gpu=bool(deployment["ray_actor_options"]["num_gpus"]))
+    options["describe"] = model_fields(
+        cfg,
+        name=model_name,
+        version=version,
+        url=os.path.basename(path),
+        gpu=bool(deployment["ray_actor_options"]["num_gpus"]),
+    )
     replica = serve.deployment(HandlerReplica, name=f"handlerkit-{model_name}", **deployment)
     return replica.bind(path, handler, model_name, version, options)
 

@@ -31,8 +31,9 @@ from handlerkit.summaries import describe, summary
 __all__ = ["show", "summary"]
 
 
-def show(obj: Any, *, handler: Any = None, image: Any = None, top_k: int = 5, max_images: int = 16,
-         title: str | None = None) -> Any:
+def show(
+    obj: Any, *, handler: Any = None, image: Any = None, top_k: int = 5, max_images: int = 16, title: str | None = None
+) -> Any:
     """The picture of `obj`, as a matplotlib ``Figure``.
 
     Args:

@@ -27,16 +27,25 @@ def bars_panel(scores: torch.Tensor, ctx: Context, title: str) -> Panel:
     k = min(ctx.top_k, values.shape[1])
     top, index = torch.topk(values, k, dim=1)
     samples = [([ctx.view.label(i) for i in idx], vals) for idx, vals in zip(index.tolist(), top.tolist())]
-    notes = [n for n in (n_note, f"top {k} of {scores.shape[1]} classes" if k < scores.shape[1] else "",
-                         f"labels from {ctx.view.mapping_at}" if ctx.view.mapping else "") if n]
+    notes = [
+        n
+        for n in (
+            n_note,
+            f"top {k} of {scores.shape[1]} classes" if k < scores.shape[1] else "",
+            f"labels from {ctx.view.mapping_at}" if ctx.view.mapping else "",
+        )
+        if n
+    ]
     return bars_from(samples, xlabel, unit, title, notes)
 
 
 def values_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     """A short 1-d tensor's values, in order, one bar each."""
     values = x.float().cpu().tolist()
-    labels = [ctx.view.label(i) if ctx.view.mapping and len(ctx.view.mapping) == len(values) else f"[{i}]"
-              for i in range(len(values))]
+    labels = [
+        ctx.view.label(i) if ctx.view.mapping and len(ctx.view.mapping) == len(values) else f"[{i}]"
+        for i in range(len(values))
+    ]
     return bars_from([(labels, values)], "value", False, title, [])
 
 
@@ -53,9 +62,15 @@ def dict_bars_panel(rows: list[dict], ctx: Context, title: str) -> Panel:
     return bars_from(samples, "probability" if unit else "value", unit, title, notes)
 
 
-def bars_from(samples: list[tuple[list[str], list[float]]], xlabel: str, unit: bool, title: str,
-              notes: list[str]) -> Panel:
+def bars_from(
+    samples: list[tuple[list[str], list[float]]], xlabel: str, unit: bool, title: str, notes: list[str]
+) -> Panel:
     """A bars panel of ``(labels, values)`` rows; `unit` draws them on a 0-1 axis."""
     rows = sum(len(labels) for labels, _ in samples)
-    return Panel("bars", title, {"samples": samples, "xlabel": xlabel, "unit": unit}, notes,
-                 size=(4.8, 0.9 + 0.55 * len(samples) + 0.17 * rows))
+    return Panel(
+        "bars",
+        title,
+        {"samples": samples, "xlabel": xlabel, "unit": unit},
+        notes,
+        size=(4.8, 0.9 + 0.55 * len(samples) + 0.17 * rows),
+    )

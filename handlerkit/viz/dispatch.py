@@ -52,8 +52,7 @@ MAX_ITEMS = 6  # panels for the items of a list or dict
 _FIX = "pass a tensor, a StageResult (h.results['preprocess']), a Run (h.run(batch)) or a list/dict of tensors"
 
 
-def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5,
-               max_images: int = 16) -> list[Panel]:
+def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5, max_images: int = 16) -> list[Panel]:
     """The panels of `obj` (a StageResult, a Run, or a value), using what `view` knows of the
     handler; `image` overrides the input image the overlays are drawn on.
 
@@ -76,8 +75,9 @@ def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5
     if not panels:
         got = describe(obj)
         holds = ", which holds no tensor" if isinstance(obj, (list, tuple, dict)) else ""
-        raise HandlerkitError(f"show() draws tensors, StageResults, Runs and lists/dicts of them: got {got}{holds}",
-                              fix=_FIX)
+        raise HandlerkitError(
+            f"show() draws tensors, StageResults, Runs and lists/dicts of them: got {got}{holds}", fix=_FIX
+        )
     return panels
 
 
@@ -186,8 +186,10 @@ def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     if dims == 4:
         channels = x.shape[1]
         same_size = ctx.image is not None and _spatial(ctx.image) == tuple(x.shape[-2:])
-        if channels >= 2 and ((width == channels and (ctx.image is not None or channels not in (1, 3)))
-                              or (channels not in (1, 3) and same_size)):
+        if channels >= 2 and (
+            (width == channels and (ctx.image is not None or channels not in (1, 3)))
+            or (channels not in (1, 3) and same_size)
+        ):
             return segmentation_panel(x, ctx, f"{title}: segmentation (argmax)")
         if channels in (1, 3):
             return images_panel(x, ctx, title)
@@ -221,8 +223,10 @@ def _image_like(value: Any) -> Any:
     """`value` when it is an image batch ([N, 1|3, H, W] or a list of [1|3, H, W]), else None."""
     if isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[1] in (1, 3) and value.numel():
         return value
-    if isinstance(value, (list, tuple)) and value and all(
-        isinstance(v, torch.Tensor) and v.dim() == 3 and v.shape[0] in (1, 3) for v in value
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(v, torch.Tensor) and v.dim() == 3 and v.shape[0] in (1, 3) for v in value)
     ):
         return value
     return None
@@ -241,8 +245,13 @@ def _embedding_bag(value: Any) -> tuple[Any, Any] | None:
         return None
 
     def ints_1d(v: Any) -> bool:
-        return (isinstance(v, torch.Tensor) and v.dim() == 1 and not v.is_floating_point() and not v.is_complex()
-                and v.numel() > 0)
+        return (
+            isinstance(v, torch.Tensor)
+            and v.dim() == 1
+            and not v.is_floating_point()
+            and not v.is_complex()
+            and v.numel() > 0
+        )
 
     offsets = fields.get("offsets")
     ids = next((v for k, v in fields.items() if k != "offsets" and ints_1d(v)), None)
@@ -257,8 +266,9 @@ def _is_detection(d: dict) -> bool:
 
 
 def _is_score_dict(d: dict) -> bool:
-    return bool(d) and all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-                           for k, v in d.items())
+    return bool(d) and all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in d.items()
+    )
 
 
 def _is_ts_detection(value: Any) -> bool:

@@ -47,7 +47,7 @@ def figure(panels: Sequence[Panel], title: str | None = None) -> Any:
     from matplotlib.figure import Figure
 
     columns = min(len(panels), MAX_COLUMNS)
-    rows = [list(panels[i:i + columns]) for i in range(0, len(panels), columns)]
+    rows = [list(panels[i : i + columns]) for i in range(0, len(panels), columns)]
     widths = [max(row[c].size[0] for row in rows if c < len(row)) for c in range(columns)]
     heights = [max(p.size[1] for p in row) for row in rows]
     extra = 0.35 if title else 0.0
@@ -77,10 +77,12 @@ def _draw(panel: Panel, where: Any) -> None:
 def _card(data: dict[str, Any], where: Any) -> None:
     ax = where.add_subplot()
     ax.axis("off")
-    lines = [wrapped for line in data["lines"]
-             for wrapped in textwrap.wrap(str(line), 100, subsequent_indent="    ") or [""]]
-    ax.text(0.0, 1.0, _t("\n".join(lines[:30])), family="monospace", fontsize=7, va="top", ha="left",
-            transform=ax.transAxes)
+    lines = [
+        wrapped for line in data["lines"] for wrapped in textwrap.wrap(str(line), 100, subsequent_indent="    ") or [""]
+    ]
+    ax.text(
+        0.0, 1.0, _t("\n".join(lines[:30])), family="monospace", fontsize=7, va="top", ha="left", transform=ax.transAxes
+    )
 
 
 def _image(data: dict[str, Any], where: Any) -> None:
@@ -113,8 +115,15 @@ def _heatmap(data: dict[str, Any], where: Any) -> None:
     shown = np.where(np.isfinite(values), values, np.nan)
     rows, cols = data.get("shape", values.shape)
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    image = ax.imshow(shown, cmap="viridis", aspect="auto", interpolation="nearest", vmin=low, vmax=high,
-                      extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))  # the tensor's indices, not the subsample's
+    image = ax.imshow(
+        shown,
+        cmap="viridis",
+        aspect="auto",
+        interpolation="nearest",
+        vmin=low,
+        vmax=high,
+        extent=(-0.5, cols - 0.5, rows - 0.5, -0.5),
+    )  # the tensor's indices, not the subsample's
     where.colorbar(image, ax=ax)
     ax.set_xlabel("column")
     ax.set_ylabel("row")

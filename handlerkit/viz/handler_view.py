@@ -22,8 +22,16 @@ from handlerkit.results import Run, StageResult
 __all__ = ["HandlerView", "read_handler", "view_for"]
 
 # Where handlers keep their transforms, most common first; other attributes are searched after.
-_TRANSFORM_NAMES = ("image_processing", "transform", "transforms", "preprocess_transform", "image_transform",
-                    "preprocessing", "val_transform", "test_transform")
+_TRANSFORM_NAMES = (
+    "image_processing",
+    "transform",
+    "transforms",
+    "preprocess_transform",
+    "image_transform",
+    "preprocessing",
+    "val_transform",
+    "test_transform",
+)
 _MAPPING_NAMES = ("mapping", "index_to_name", "idx_to_class", "labels", "classes", "class_names")
 _VOCAB_NAMES = ("vocab", "source_vocab", "vocabulary", "tokenizer", "itos")
 _BACKGROUND = {"background", "__background__", "bg", "_background_", "void"}
@@ -109,8 +117,9 @@ def _floats(value: Any) -> list[float] | None:
         return None
 
 
-def _find_normalize(value: Any, budget: list[int] | None = None,
-                    depth: int = 0) -> tuple[list[float], list[float]] | None:
+def _find_normalize(
+    value: Any, budget: list[int] | None = None, depth: int = 0
+) -> tuple[list[float], list[float]] | None:
     """The mean and std of the first ``Normalize`` inside a transform pipeline (a bounded walk:
     an attribute may be a whole model)."""
     budget = [300] if budget is None else budget

@@ -26,8 +26,13 @@ def histogram_panel(x: torch.Tensor, title: str) -> Panel:
         notes.append(f"every {step}th of {x.numel():,} values")
     if flat.dtype == torch.bool:
         true = int(flat.sum().item())
-        return Panel("bars", title, {"samples": [(["False", "True"], [flat.numel() - true, true])], "xlabel": "count",
-                                     "unit": False}, notes, size=(4.8, 2.0))
+        return Panel(
+            "bars",
+            title,
+            {"samples": [(["False", "True"], [flat.numel() - true, true])], "xlabel": "count", "unit": False},
+            notes,
+            size=(4.8, 2.0),
+        )
     values = flat.float()
     finite = values[torch.isfinite(values)]
     if finite.numel() < values.numel():

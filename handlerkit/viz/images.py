@@ -38,8 +38,9 @@ def features_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     scaled = (x - low) / (high - low).clamp(min=1e-12)
     scaled = torch.where(torch.isfinite(x), scaled.clamp(0, 1), torch.nan)
     picture = grid(scaled.unsqueeze(1), pad_value=float("nan"))[..., 0]
-    notes = [n for n in (c_note, "each channel scaled to its own range", f"every {step}th pixel" if step > 1 else "")
-             if n]
+    notes = [
+        n for n in (c_note, "each channel scaled to its own range", f"every {step}th pixel" if step > 1 else "") if n
+    ]
     return Panel("features", title, {"grid": picture}, notes, size=(4.8, 4.4))
 
 
@@ -78,7 +79,8 @@ def unit_images(x: torch.Tensor, view: HandlerView) -> tuple[torch.Tensor, str]:
     why = "after de-normalising" if note.startswith("de-") else "no Normalize found on the handler" if not note else ""
     why = f" ({why})" if why else ""
     return ((x - low) / (high - low).clamp(min=1e-12)).clamp(0, 1), (note + "; " if note else "") + (
-        f"each image rescaled to its own range{why}")
+        f"each image rescaled to its own range{why}"
+    )
 
 
 def grid(images: list[torch.Tensor] | torch.Tensor, pad_value: float = 1.0) -> Any:
@@ -88,8 +90,9 @@ def grid(images: list[torch.Tensor] | torch.Tensor, pad_value: float = 1.0) -> A
     if isinstance(images, list):
         height = max(i.shape[-2] for i in images)
         width = max(i.shape[-1] for i in images)
-        images = torch.stack([torch.nn.functional.pad(i, (0, width - i.shape[-1], 0, height - i.shape[-2]),
-                                                      value=0) for i in images])
+        images = torch.stack(
+            [torch.nn.functional.pad(i, (0, width - i.shape[-1], 0, height - i.shape[-2]), value=0) for i in images]
+        )
     pad = pad_value if images.is_floating_point() else int(pad_value * 255)
     out = make_grid(images, nrow=columns(images.shape[0]), padding=2, pad_value=pad)
     return out.permute(1, 2, 0).cpu().numpy()

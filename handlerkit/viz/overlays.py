@@ -22,8 +22,7 @@ MAX_BOXES = 50
 MAX_CLASSES = 20
 _CANVAS = 40  # grey level of the canvas drawn on when there is no input image
 # matplotlib's tab10, so class colours in overlays match their legend.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 def colour(index: int) -> str:
@@ -52,8 +51,9 @@ def _base(ctx: Context, index: int, height: int, width: int) -> tuple[torch.Tens
     small, _ = shrink(image, 2 * max(height, width))
     x01, note = unit_images(small.unsqueeze(0), ctx.view)
     if x01.shape[-2:] != (height, width):
-        x01 = torch.nn.functional.interpolate(x01, size=(height, width), mode="bilinear", antialias=True,
-                                              align_corners=False)
+        x01 = torch.nn.functional.interpolate(
+            x01, size=(height, width), mode="bilinear", antialias=True, align_corners=False
+        )
     x01 = x01[0].expand(3, -1, -1) if x01.shape[1] == 1 else x01[0]
     return (x01.clamp(0, 1) * 255).round().to(torch.uint8).cpu(), note
 
@@ -126,8 +126,15 @@ def _box_rows(item: Any, ctx: Context, named: dict[str, int]) -> tuple[torch.Ten
         texts.append(f"{name} {score:.2f}".strip() if score is not None and score == score else name)
         colours.append(index if index is not None else named.setdefault(name, len(named)))
     b = boxes[order] if order else boxes[:0]
-    b = torch.stack([torch.minimum(b[:, 0], b[:, 2]), torch.minimum(b[:, 1], b[:, 3]),
-                     torch.maximum(b[:, 0], b[:, 2]), torch.maximum(b[:, 1], b[:, 3])], dim=1)
+    b = torch.stack(
+        [
+            torch.minimum(b[:, 0], b[:, 2]),
+            torch.minimum(b[:, 1], b[:, 3]),
+            torch.maximum(b[:, 0], b[:, 2]),
+            torch.maximum(b[:, 1], b[:, 3]),
+        ],
+        dim=1,
+    )
     if isinstance(masks, torch.Tensor) and masks.shape[0] == m:
         masks = masks[order]
     else:
@@ -161,14 +168,22 @@ def detections_panel(items: list[Any], ctx: Context, title: str) -> Panel:
             notes.append(note)
         if masks is not None and masks.numel():
             small = torch.nn.functional.interpolate(masks.float().reshape(-1, 1, *masks.shape[-2:]), size=(h, w))
-            base = draw_segmentation_masks(base, small[:, 0] > 0.5, alpha=0.45,
-                                           colors=[colour(c) for c in colours])
+            base = draw_segmentation_masks(base, small[:, 0] > 0.5, alpha=0.45, colors=[colour(c) for c in colours])
         if boxes.numel():
             scaled = (boxes * scale).clamp(min=0).cpu()
             palette = [colour(c) for c in colours]
-            base = draw_bounding_boxes(base, scaled, labels=texts, colors=palette, width=max(2, round(max(h, w) / 120)),
-                                       font=font, font_size=max(10, round(max(h, w) / 16)), label_colors="white",
-                                       label_background_colors=palette, fill_labels=True)
+            base = draw_bounding_boxes(
+                base,
+                scaled,
+                labels=texts,
+                colors=palette,
+                width=max(2, round(max(h, w) / 120)),
+                font=font,
+                font_size=max(10, round(max(h, w) / 16)),
+                label_colors="white",
+                label_background_colors=palette,
+                fill_labels=True,
+            )
         drawn.append(base)
     if image_at(ctx.image, 0) is None:
         notes.append("no input image known: boxes on a dark canvas (pass image=...)")

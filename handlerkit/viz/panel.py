@@ -72,7 +72,7 @@ def finite_range(x: torch.Tensor) -> tuple[float, float] | None:
     """min and max of the finite values (one transfer), or None when there are none."""
     finite = torch.isfinite(x)
     inf = torch.full((), float("inf"), dtype=x.dtype, device=x.device)
-    low, high, count = torch.stack([
-        torch.where(finite, x, inf).min(), torch.where(finite, x, -inf).max(), finite.sum().to(x.dtype)
-    ]).tolist()
+    low, high, count = torch.stack(
+        [torch.where(finite, x, inf).min(), torch.where(finite, x, -inf).max(), finite.sum().to(x.dtype)]
+    ).tolist()
     return (low, high) if count else None

@@ -88,9 +88,11 @@ def error_output(stage: str, exc: BaseException, *, unexpected: bool = False) ->
     message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
     fix = getattr(exc, "fix", None)
     text = [f"{stage} failed: {message}"]
-    parts = [f"<div style='border-left:4px solid {_FAILED};padding:4px 8px'>",
-             f"<b>{html.escape(stage)} failed</b><pre style='white-space:pre-wrap;margin:4px 0'>"
-             f"{html.escape(message)}</pre>"]
+    parts = [
+        f"<div style='border-left:4px solid {_FAILED};padding:4px 8px'>",
+        f"<b>{html.escape(stage)} failed</b><pre style='white-space:pre-wrap;margin:4px 0'>"
+        f"{html.escape(message)}</pre>",
+    ]
     if fix:
         text.append(f"  fix: {fix}")
         parts.append(f"<div><b>fix:</b> {html.escape(fix)}</div>")
@@ -146,8 +148,10 @@ def timing_html(times: Mapping[str, tuple[float, bool]]) -> str:
 def compile_html(decision: Any) -> str:
     """The handler's compile decision (``decisions.compile``): asked, applied, why."""
     if decision is None:
-        return ("<div style='color:#777'>this handler records no compile decision (not a handlerkit "
-                "BaseHandler, or initialize has not run); the report below still compiles the model</div>")
+        return (
+            "<div style='color:#777'>this handler records no compile decision (not a handlerkit "
+            "BaseHandler, or initialize has not run); the report below still compiles the model</div>"
+        )
     fields = ("requested", "schema", "options", "applied", "reason", "error", "fell_back_at_runtime")
     rows = "".join(
         f"<tr><td style='text-align:left'>{name}</td><td style='text-align:left'>{html.escape(str(getattr(decision, name, '')))}</td></tr>"

@@ -83,10 +83,15 @@ class Stepper:
         self.buttons = {s: w.Button(description=s, tooltip=self._tooltip(s)) for s in self.stages}
         for stage, button in self.buttons.items():
             button.on_click(lambda _b, stage=stage: self.run(stage))
-        self.run_all_button = w.Button(description="run all", button_style="primary",
-                                       tooltip="run every stage in order, stopping at the first failure")
+        self.run_all_button = w.Button(
+            description="run all",
+            button_style="primary",
+            tooltip="run every stage in order, stopping at the first failure",
+        )
         self.run_all_button.on_click(lambda _b: self.run_all())
-        self.reset_button = w.Button(description="reset", tooltip="drop the results after initialize and the uploaded requests")
+        self.reset_button = w.Button(
+            description="reset", tooltip="drop the results after initialize and the uploaded requests"
+        )
         self.reset_button.on_click(lambda _b: self.reset())
         self.upload = w.FileUpload(description="add request", multiple=True, accept="")
         self.upload.observe(self._on_upload, names="value")
@@ -97,7 +102,9 @@ class Stepper:
         self._titles = {s: w.HTML() for s in self.stages}
         self.device_output = w.Output()
         self.compile_decision = w.HTML()
-        self.compile_button = w.Button(description="compile report", tooltip="h.compile_report(batch): compiles and runs the batch")
+        self.compile_button = w.Button(
+            description="compile report", tooltip="h.compile_report(batch): compiles and runs the batch"
+        )
         self.compile_button.on_click(lambda _b: self.compile_report())
         self.compile_output = w.Output()
         panels = w.Accordion(
@@ -106,15 +113,17 @@ class Stepper:
         )
         header = w.HTML(f"<b>Stepper</b> &middot; {html.escape(self.harness.name)}{self._note()}")
         stage_boxes = [w.VBox([self._titles[s], self.outputs[s]]) for s in self.stages]
-        self.widget = w.VBox([
-            header,
-            w.HBox([*self.buttons.values(), self.run_all_button, self.reset_button]),
-            w.HBox([self.upload, self.batch_size]),
-            self.status,
-            self.timing,
-            *stage_boxes,
-            panels,
-        ])
+        self.widget = w.VBox(
+            [
+                header,
+                w.HBox([*self.buttons.values(), self.run_all_button, self.reset_button]),
+                w.HBox([self.upload, self.batch_size]),
+                self.status,
+                self.timing,
+                *stage_boxes,
+                panels,
+            ]
+        )
 
     def _tooltip(self, stage: str) -> str:
         if stage == "handle":
@@ -127,8 +136,10 @@ class Stepper:
         if "handle" in self.stages:
             return " &middot; no stage methods: the handle button runs h.run(batch)"
         if self.harness.single_stage:
-            return (" &middot; <i>this handler has its own handle: the server runs that, not these stages "
-                    "one by one; compare with h.run(batch)</i>")
+            return (
+                " &middot; <i>this handler has its own handle: the server runs that, not these stages "
+                "one by one; compare with h.run(batch)</i>"
+            )
         return ""
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -166,7 +177,9 @@ class Stepper:
             names = ", ".join(f.get("name") or "?" for f in files)
             self.status.value = f"<span>added {len(files)} request(s): {html.escape(names)}</span>"
         except Exception as exc:  # a callback's exception would vanish into the kernel's log
-            self.status.value = f"<span style='color:#d62728'>upload failed: {html.escape(f'{type(exc).__name__}: {exc}')}</span>"
+            self.status.value = (
+                f"<span style='color:#d62728'>upload failed: {html.escape(f'{type(exc).__name__}: {exc}')}</span>"
+            )
         finally:
             self.upload.value = ()
             self.refresh()
@@ -219,8 +232,10 @@ class Stepper:
         if stage == "initialize":
             return h.initialize()
         if self._batch is None:
-            raise HandlerkitError(f"{stage} needs a batch, and this Stepper has none",
-                                  fix="add a request with the upload button, or set stepper.batch = hk.batch(...)")
+            raise HandlerkitError(
+                f"{stage} needs a batch, and this Stepper has none",
+                fix="add a request with the upload button, or set stepper.batch = hk.batch(...)",
+            )
         if stage == "preprocess":
             return h.preprocess(self._batch)
         if stage == "handle":
@@ -256,13 +271,17 @@ class Stepper:
         self._set_enabled()
         try:
             if self._batch is None:
-                raise HandlerkitError("the compile report runs the batch, and this Stepper has none",
-                                      fix="add a request with the upload button first")
+                raise HandlerkitError(
+                    "the compile report runs the batch, and this Stepper has none",
+                    fix="add a request with the upload button first",
+                )
             report = self.harness.compile_report(self._batch)
             self.compile_output.outputs = (panes.bundle_output(report),)
             return report
         except Exception as exc:
-            self.compile_output.outputs = (panes.error_output("compile report", exc, unexpected=not isinstance(exc, HandlerkitError)),)
+            self.compile_output.outputs = (
+                panes.error_output("compile report", exc, unexpected=not isinstance(exc, HandlerkitError)),
+            )
             return None
         finally:
             self._busy = False
@@ -307,7 +326,11 @@ class Stepper:
             self.outputs[stage].outputs = ()
             return
         # A result names its stage in its own first line; a failure gets a title of its own.
-        title.value = "" if result.ok else f"<b>{stage}</b> <span style='color:#d62728'>failed</span> <span style='color:#777'>{result.wall_ms:.2f} ms</span>"
+        title.value = (
+            ""
+            if result.ok
+            else f"<b>{stage}</b> <span style='color:#d62728'>failed</span> <span style='color:#777'>{result.wall_ms:.2f} ms</span>"
+        )
         outs: list[dict[str, Any]] = []
         if result.error is not None:  # the result's own table would repeat the error
             outs.append(panes.error_output(stage, result.error))
@@ -332,8 +355,9 @@ class Stepper:
             return panes.figure_output(viz.show(result))
         except Exception as exc:  # a picture that cannot be drawn must not hide the result
             message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-            return panes.html_output(f"<div style='color:#777'>no picture: {html.escape(message)}</div>",
-                                     f"no picture: {message}")
+            return panes.html_output(
+                f"<div style='color:#777'>no picture: {html.escape(message)}</div>", f"no picture: {message}"
+            )
 
     def _show_error(self, stage: str, exc: BaseException, *, unexpected: bool) -> None:
         self._shown[stage] = exc
@@ -347,12 +371,15 @@ class Stepper:
         self._panels_for = shown
         init = shown[0]
         decisions = getattr(self.harness.handler, "decisions", None)
-        self.compile_decision.value = panes.compile_html(getattr(decisions, "compile", None) if init is not None else None)
+        self.compile_decision.value = panes.compile_html(
+            getattr(decisions, "compile", None) if init is not None else None
+        )
         if init is None:
             self.device_output.outputs = (panes.stream_output("run initialize to see the device report\n"),)
             return
         try:
             self.device_output.outputs = (panes.bundle_output(self.harness.device_report()),)
         except Exception as exc:
-            self.device_output.outputs = (panes.error_output("device report", exc, unexpected=not isinstance(exc, HandlerkitError)),)
-
+            self.device_output.outputs = (
+                panes.error_output("device report", exc, unexpected=not isinstance(exc, HandlerkitError)),
+            )
