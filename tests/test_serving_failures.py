@@ -174,7 +174,7 @@ def test_a_handler_that_fails_to_load_raises_its_stage_error_at_the_first_try(ba
                                                                                 source: str) -> None:
     model = _model_dir(tmp_path / "broken", {"handler.py": source})
     start = time.monotonic()
-    with pytest.raises(StageError, match=r"^initialize failed in (Broken|handle) ") as info:
+    with pytest.raises(StageError, match=r"^initialize failed in (Broken|handle): ") as info:
         run(app(model, name="broken", num_cpus=0), name="broken", route_prefix="/broken")
     elapsed = time.monotonic() - start
     error = info.value
