@@ -1,4 +1,4 @@
-"""Find a handler the way TorchServe 0.12 does, and keep each model dir's modules to itself.
+"""Find a handler the way TorchServe 0.12 does (each model dir's imports are :mod:`handlerkit.isolation`'s).
 
 **Handler specs** (``ts/model_loader.py``): ``name``, ``name.py``, ``path/to/name.py``,
 ``file.py:function``, ``name:function`` or a dotted module path. The module is imported with
