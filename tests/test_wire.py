@@ -1,4 +1,5 @@
-"""Wire fidelity, proved with TorchServe 0.12's own worker code (test-only dependency).
+"""handlerkit._wire: the OTF frame and the worker's decoding, proved with TorchServe 0.12's own
+worker code (test-only dependency).
 
 (a) ``Batch.encode()`` goes through ``ts.protocol.otf_message_handler.retrieve_msg`` and
 ``ts.service.Service.retrieve_data_for_inference``: the handler data and headers equal
