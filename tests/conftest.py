@@ -399,3 +399,27 @@ __all__ = [
     "ts_metrics_cache",
     "write_model_dir",
 ]
+
+
+@pytest.fixture
+def two_model_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """Two model dirs, ``dir_A`` and ``dir_B``, each with its own ``model.py`` and ``handler.py``
+    (``_module_dirs.make_model_dir``): a bare ``import model`` must find the right one."""
+    from _module_dirs import make_model_dir
+
+    return make_model_dir(tmp_path, "A"), make_model_dir(tmp_path, "B")
+
+
+@pytest.fixture
+def restores_imports() -> Iterator[None]:
+    """The test leaves ``sys.path`` as it found it and no ``model_dir_imports`` block open; the
+    modules it imported from model dirs are forgotten afterwards."""
+    import sys
+
+    from handlerkit import isolation
+
+    path_before = list(sys.path)
+    yield
+    isolation.clear_module_cache()
+    assert sys.path == path_before
+    assert not isolation._active
