@@ -1,5 +1,5 @@
-"""Shared by the archive tests (test_archive_pack, test_archive_write, test_archive_read): the
-demo model, archives crafted in code, the real torch-model-archiver, and what an archive holds."""
+"""Shared by the archive tests (test_archive*.py): the demo model, archives crafted in code, the
+files a user hands the archiver, the real torch-model-archiver, and what an archive holds."""
 
 from __future__ import annotations
 
@@ -113,3 +113,19 @@ def private_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(root))
     return root
+
+
+def archiver_inputs(root: Path) -> Path:
+    """Files laid out as a user hands them to the archiver, under ``root/src``: a handler, a
+    requirements file and extras (a file, a folder with a sub-folder and a cache; a fixture's body)."""
+    src = root / "src"
+    (src / "extra" / "sub").mkdir(parents=True)
+    (src / "extra" / "a.txt").write_text("a")
+    (src / "extra" / "sub" / "b.txt").write_text("b")
+    (src / "extra" / "__pycache__").mkdir()
+    (src / "extra" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    (src / "my_handler.py").write_text(
+        "from handlerkit.handlers.image_classifier import ImageClassifier\n\n\nclass H(ImageClassifier):\n    pass\n"
+    )
+    (src / "requirements.txt").write_text("pillow\n")
+    return src

@@ -252,18 +252,51 @@ def decode_predict_response(msg: bytes | bytearray) -> tuple[int, str, list[Pred
     return code, message, responses
 
 
-def ts_metrics_cache(model_name: str) -> Any:
-    """The metrics cache TorchServe's worker builds (model_service_worker.py)."""
-    import os
+def ts_metrics_cache(model_name: str, path: str | Path | None = None) -> Any:
+    """The metrics cache TorchServe's worker builds (model_service_worker.py), from ``path`` or
+    from the metrics.yaml TorchServe ships (:func:`ts_default_metrics_yaml`)."""
+    import warnings
 
-    import ts
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-    path = os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
-    cache = MetricsCacheYamlImpl(config_file_path=path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # ts leaves the YAML file open
+        cache = MetricsCacheYamlImpl(config_file_path=str(path or ts_default_metrics_yaml()))
     cache.initialize_cache()
     cache.model_name = model_name
     return cache
+
+
+def ts_default_metrics_yaml() -> Path:
+    """TorchServe's own metrics config (``ts/configs/metrics.yaml``): the worker's default."""
+    import ts
+
+    return Path(ts.__file__).parent / "configs" / "metrics.yaml"
+
+
+#: A metrics YAML like pytorch/serve's examples/custom_metrics config: every type, anchors, a
+#: metric with no dimensions, one with a single dimension and one with three.
+CUSTOM_METRICS_YAML = """\
+dimensions:
+  - &model_name "ModelName"
+  - &level "Level"
+ts_metrics:
+  gauge:
+    - {name: QueueTime, unit: Milliseconds, dimensions: [*level, "Hostname"]}
+model_metrics:
+  counter:
+    - {name: InferenceRequestCount, unit: count, dimensions: []}
+    - {name: InitializeCallCount, unit: count, dimensions: [*model_name, *level]}
+    - {name: PreprocessCallCount, unit: count, dimensions: [*model_name]}
+  gauge:
+    - {name: HandlerTime, unit: ms, dimensions: [*model_name, *level]}
+    - {name: PredictionTime, unit: ms, dimensions: [*model_name, *level]}
+    - {name: RequestBatchSize, unit: count, dimensions: ["ModelName"]}
+    - {name: SizeOfImage, unit: kB, dimensions: [*model_name, *level]}
+    - {name: HandlerMethodTime, unit: ms, dimensions: ["MethodName", *model_name, *level]}
+  histogram:
+    - {name: ExamplePercentMetric, unit: percent, dimensions: [*model_name, *level]}
+"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +412,38 @@ def restore_fp32_precision() -> Iterator[None]:
     torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
 
 
+@pytest.fixture
+def two_model_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """Two model dirs, ``dir_A`` and ``dir_B``, each with its own ``model.py`` and ``handler.py``
+    (``_module_dirs.make_model_dir``): a bare ``import model`` must find the right one."""
+    from _module_dirs import make_model_dir
+
+    return make_model_dir(tmp_path, "A"), make_model_dir(tmp_path, "B")
+
+
+@pytest.fixture
+def restores_imports() -> Iterator[None]:
+    """The test leaves ``sys.path`` as it found it and no ``model_dir_imports`` block open; the
+    modules it imported from model dirs are forgotten afterwards."""
+    import sys
+
+    from handlerkit import isolation
+
+    path_before = list(sys.path)
+    yield
+    isolation.clear_module_cache()
+    assert sys.path == path_before
+    assert not isolation._active
+
+
+@pytest.fixture
+def custom_metrics_yaml(tmp_path: Path) -> Path:
+    """:data:`CUSTOM_METRICS_YAML` written to a file."""
+    path = tmp_path / "metrics.yaml"
+    path.write_text(CUSTOM_METRICS_YAML)
+    return path
+
+
 __all__ = [
     "ARGMAX_MODEL_PY",
     "ARGMAX_LINEAR_MODEL_PY",
@@ -395,7 +460,9 @@ __all__ = [
     "eager_manifest",
     "load_model_class",
     "png_bytes",
+    "ts_default_metrics_yaml",
     "ts_imports",
     "ts_metrics_cache",
+    "CUSTOM_METRICS_YAML",
     "write_model_dir",
 ]

@@ -1,4 +1,5 @@
-"""handlerkit.archive's packing (pack.py, imports.py, rules.NEVER_SWEPT): what goes into an archive, and why.
+"""handlerkit.archive.pack: what goes into an archive, and why (the import scan it uses is tested in
+test_archive_imports.py, the names never swept in in test_archive_rules.py).
 
 - a model dir: the files its manifest references, the modules and packages of the dir that
   they import (transitively) and index_to_name.json are packed, with their sizes and reasons;
@@ -25,8 +26,6 @@ from _archives import CIRCLE, DEMO, HANDLER_PY, contents, without_date
 import handlerkit as hk
 from handlerkit import archive
 from handlerkit.archive import ArchiveError
-from handlerkit.archive.imports import imported_names, local_imports, resolve
-from handlerkit.archive.rules import secret_looking
 from handlerkit.cli import main
 from handlerkit.errors import ModelLoadError
 
@@ -149,32 +148,7 @@ def test_arguments_override_the_model_dir_and_the_output_is_never_archived(tmp_p
     assert "handler.py" in [f.name for f in builtin.left_out]
 
 
-# ---------------------------------------------------------------------------------- the import scan
-def test_the_import_scan_reads_every_form_and_resolves_only_in_the_dir(tmp_path: Path) -> None:
-    source = (
-        "import os, json.decoder\nimport a.b as ab\nfrom c import d\nfrom .e import f\nfrom . import g\n\n\n"
-        "def later(name):\n    import h\n    importlib.import_module('i.j')\n    __import__('k')\n"
-        "    importlib.import_module('.rel', 'pkg')\n    import_module(name)\n"
-    )
-    assert imported_names(source) == {"os", "json", "a", "c", "h", "i", "k"}
-    (tmp_path / "a.py").write_text("")
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "d.py").write_text("")  # a namespace package
-    (tmp_path / "h").mkdir()
-    (tmp_path / "h" / "table.csv").write_text("")  # a data folder, no package
-    (tmp_path / "k.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
-    assert resolve(tmp_path, "a") == tmp_path / "a.py" and resolve(tmp_path, "c") == tmp_path / "c"
-    assert resolve(tmp_path, "k") == tmp_path / "k.cpython-311-x86_64-linux-gnu.so"
-    assert resolve(tmp_path, "h") is None and resolve(tmp_path, "os") is None
-    (tmp_path / "start.py").write_text(source)
-    (tmp_path / "c" / "d.py").write_text("import broken\n")
-    (tmp_path / "broken.py").write_text("def oops(:\n")
-    found, notes = local_imports(tmp_path, [("start.py", tmp_path / "start.py")])
-    assert found == {tmp_path / "a.py": "start.py", tmp_path / "c": "start.py",
-                     tmp_path / "k.cpython-311-x86_64-linux-gnu.so": "start.py", tmp_path / "broken.py": "c/d.py"}  # fmt: skip
-    assert notes == ["broken.py was not scanned for local imports: SyntaxError (line 1)"]
-
-
+# ---------------------------------------------------------------------------------- the modules its code imports
 def test_a_handler_that_is_not_python_is_packed_with_a_note(tmp_path: Path) -> None:
     src = tmp_path / "m"
     write_files(src, {"handler.py": "def handle(data, context:\n", "helper.py": ""})
@@ -201,18 +175,6 @@ def test_files_named_one_by_one_are_packed_as_the_archiver_packs_them_with_a_not
 
 
 # ---------------------------------------------------------------------------------- never swept in
-@pytest.mark.parametrize("name", [".env", ".env.production", ".netrc", ".npmrc", ".pypirc", ".gitignore", "server.pem",
-                                  "tls.KEY", "id_rsa", "id_ed25519.pub", "credentials.json", "store.p12", "cert.pfx",
-                                  ".cache"])  # fmt: skip
-def test_hidden_and_secret_looking_names(name: str) -> None:
-    assert secret_looking(name)
-
-
-@pytest.mark.parametrize("name", ["model.pt", "vocab.txt", "keys.json", "env.py", "index_to_name.json", "id.txt"])
-def test_model_files_do_not_look_secret(name: str) -> None:
-    assert secret_looking(name) is None
-
-
 def test_a_folder_or_glob_never_sweeps_in_secrets_but_a_file_named_is_packed(tmp_path: Path) -> None:
     src = tmp_path / "m"
     write_files(src, {"handler.py": HANDLER_PY, "conf/labels.txt": "a\n", "conf/.env": "T=1\n",

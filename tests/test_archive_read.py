@@ -1,78 +1,44 @@
-"""handlerkit.archive's reading and opening (read.py, extract.py, inspect.py): any archive, whoever
-built it, opened safely.
+"""handlerkit.archive.read: any archive, whoever built it, listed and checked without writing
+anything: sniffing, the manifest, and the bad-archive matrix, each archive crafted in code and
+refused (by open_mar, which lists first) with the path, the entry and the rule, nothing written
+outside the target, nothing left behind.
 
-- open: the bad-archive matrix, each crafted in code: refused with the path, the entry and the
-  rule, nothing written outside the target, nothing left behind;
-- read_manifest and inspect_archive read without extracting;
-- MockContext.from_mar / from_model_dir(.mar): the temp dir lives as long as the context.
-
-Building is in test_archive_pack.py (what goes in) and test_archive_write.py (how it is
-written); the real server round trip in test_archive_torchserve.py.
+Extracting is in test_archive_extract.py, inspecting in test_archive_inspect.py, the rules and
+the error in test_archive_rules.py, building in test_archive.py, test_archive_pack.py (what
+goes in) and test_archive_write.py (how it is written); the real server round trip in
+test_archive_torchserve.py.
 """
 
 from __future__ import annotations
 
-import copy
-import gc
 import io
 import json
-import os
 import pickle
 import re
 import stat
 import struct
-import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from _archives import (
     DEMO,
     GOOD_MANIFEST,
     HANDLER_PY,
-    contents,
     good_entries,
-    private_temp_dir,
     refused,
     snapshot,
     with_model,
     write_zip,
 )
 
-import handlerkit as hk
 from handlerkit import archive
-from handlerkit.archive import ArchiveError, Limits
+from handlerkit.archive import ArchiveError, Limits, read
 from handlerkit.errors import ModelLoadError
 
 
-@pytest.fixture()
-def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return private_temp_dir(tmp_path, monkeypatch)
-
-
-# ---------------------------------------------------------------------------------- open
-def test_open_mar_extracts_a_good_archive_all_at_once(tmp_path: Path) -> None:
-    mar = archive.build(DEMO, tmp_path / "store")
-    target = tmp_path / "unpacked" / "shapes"
-    assert archive.open_mar(mar, target) == target
-    assert contents(target) == contents(mar)
-    assert snapshot(tmp_path / "unpacked") == {"shapes", *{f"shapes/{n}" for n in snapshot(target)}}  # no staging left
-    tgz = archive.build(DEMO, tmp_path / "store", archive_format="tgz")
-    assert contents(archive.open_mar(tgz, tmp_path / "t")) == contents(mar)  # the top folder is stripped
-    with pytest.raises(ArchiveError, match="not an empty folder") as info:
-        archive.open_mar(mar, target)
-    assert info.value.rule == "exists"
-    temp = archive.open_mar(mar)
-    try:
-        assert temp.name.startswith("handlerkit-image_classifier-") and (temp / "model.pt").is_file()
-    finally:
-        import shutil
-
-        shutil.rmtree(temp)
-
-
+# ---------------------------------------------------------------------------------- refused before a byte is written
 def _symlink_info(name: str) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name)
     info.create_system = 3
@@ -228,107 +194,45 @@ def test_all_problems_are_reported_together_and_inspect_renders_them(tmp_path: P
     assert json.loads(json.dumps(info.to_dict()))["problems"][0]["rule"] == "zip-slip"
 
 
-def test_disk_space_is_checked_before_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from handlerkit.archive import extract as archive_extract
+# ---------------------------------------------------------------------------------- sniffing, the manifest
+def test_an_archive_is_known_by_its_name_or_its_first_bytes(tmp_path: Path) -> None:
+    mar = write_zip(tmp_path / "tiny.mar", good_entries())
+    renamed = tmp_path / "tiny.bin"
+    renamed.write_bytes(mar.read_bytes())
+    (tmp_path / "notes.txt").write_text("just notes")
+    tgz = tmp_path / "t.tar.gz"
+    with tarfile.open(tgz, "w:gz"):
+        pass
+    assert (read.sniff(mar), read.sniff(renamed), read.sniff(tgz)) == ("zip", "zip", "tgz")
+    assert read.sniff(tmp_path / "notes.txt") is None and read.sniff(tmp_path / "absent.mar") is None
+    assert archive.is_archive(renamed) and archive.is_archive(tgz) and not archive.is_archive(tmp_path / "notes.txt")
+    assert not archive.is_archive(tmp_path) and not archive.is_archive(tmp_path / "absent.mar")
+    stems = [read.stem(Path(name)) for name in ("shapes.tar.gz", "shapes.TGZ", "a.b.mar", "m.zip", "model.bin")]
+    assert stems == ["shapes", "shapes", "a.b", "m", "model"]
 
-    mar = archive.build(DEMO, tmp_path / "store")
-    monkeypatch.setattr(archive_extract.shutil, "disk_usage", lambda path: SimpleNamespace(free=10))
-    refused(mar, "disk-space", tmp_path)
 
-
-def test_read_manifest_and_inspect_do_not_extract(tmp_path: Path) -> None:
-    mar = archive.build(DEMO, tmp_path)
+def test_list_archive_refuses_what_is_no_archive_file_and_writes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ArchiveError, match=r"'.*absent\.mar' does not exist") as info:
+        read.list_archive(tmp_path / "absent.mar")
+    assert info.value.rule == "not-an-archive" and info.value.fix.startswith("pass a .mar (or .tar.gz) file")
+    with pytest.raises(ArchiveError, match="is a directory, not an archive file"):
+        read.list_archive(tmp_path)
+    mar = write_zip(tmp_path / "tiny.mar", good_entries())
     before = snapshot(tmp_path)
-    assert archive.read_manifest(mar)["model"]["modelName"] == "image_classifier"
-    info = archive.inspect_archive(mar)
+    listing = read.list_archive(mar)
     assert snapshot(tmp_path) == before
-    assert info.ok and info.format == "zip" and info.manifest == archive.read_manifest(mar)
-    sizes = {f.name: (f.size, f.compressed_size, f.compression) for f in info.files}
-    assert sizes["model.pt"] == ((DEMO / "model.pt").stat().st_size,) * 2 + ("stored",)
-    assert "image_classifier.mar: .mar (zip)" in repr(info)
+    assert listing.format == "zip" and listing.manifest == GOOD_MANIFEST and listing.problems == []
+    assert [(e.path, e.kind, e.size) for e in listing.entries if e.kind == "file"] == [
+        ("handler.py", "file", len(HANDLER_PY)), ("MAR-INF/MANIFEST.json", "file", len(json.dumps(GOOD_MANIFEST)))]
+
+
+def test_read_manifest_of_an_archive_and_of_a_model_dir(tmp_path: Path) -> None:
+    assert archive.read_manifest(write_zip(tmp_path / "tiny.mar", good_entries())) == GOOD_MANIFEST
+    assert archive.read_manifest(DEMO) == json.loads((DEMO / "MAR-INF" / "MANIFEST.json").read_text())
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "handler.py").write_text(HANDLER_PY)
-    dir_info = archive.inspect_archive(bare)
-    assert dir_info.format == "dir" and dir_info.inferred and dir_info.manifest["model"]["handler"] == "handler.py"
-    assert archive.read_manifest(bare) == dir_info.manifest
-    assert archive.inspect_archive(DEMO).manifest == json.loads((DEMO / "MAR-INF" / "MANIFEST.json").read_text())
-
-
-# ---------------------------------------------------------------------------------- contexts
-def test_from_mar_keeps_the_files_as_long_as_the_context(tmp_path: Path, private_tmp: Path) -> None:
-    mar = archive.build(DEMO, tmp_path / "store")
-    ctx = hk.MockContext.from_mar(mar, batch_size=2)
-    model_dir = Path(ctx.system_properties["model_dir"])
-    assert model_dir.parent == private_tmp and model_dir.name.startswith(f"handlerkit-mar-{os.getpid()}-")
-    assert (model_dir / "model.pt").is_file()
-    assert ctx.archive.source == mar and ctx.system_properties["batch_size"] == 2
-    assert ctx.manifest == archive.read_manifest(mar)
-    twin = copy.deepcopy(ctx)
-    assert twin.archive is ctx.archive
-    borrowed = pickle.loads(pickle.dumps(ctx.archive))  # as a child process would get it: never removes
-    assert borrowed.path == model_dir
-    borrowed.cleanup()
-    del borrowed
-    gc.collect()
-    assert model_dir.is_dir()
-    del ctx
-    gc.collect()
-    assert model_dir.is_dir()  # the copy still holds it
-    del twin
-    gc.collect()
-    assert not model_dir.exists() and not any(private_tmp.iterdir())
-    with hk.MockContext.from_model_dir(mar).archive as extracted:
-        assert extracted.alive
-    assert not extracted.alive and not any(private_tmp.iterdir())
-
-
-def test_from_mar_refusals_leak_nothing(tmp_path: Path, private_tmp: Path) -> None:
-    slip = write_zip(tmp_path / "slip.mar", good_entries() + [("../evil.py", b"x")])
-    with pytest.raises(ArchiveError, match="'..' path component"):
-        hk.MockContext.from_mar(slip)
-    bad_config = tmp_path / "cfg.mar"
-    manifest = with_model(configFile="model-config.yaml")
-    write_zip(bad_config, good_entries() + [("model-config.yaml", b"batchSize: [")], manifest)
-    with pytest.raises(hk.HandlerkitError):
-        hk.MockContext.from_model_dir(bad_config)  # fails after extracting: the dir goes too
-    good = archive.build(DEMO, tmp_path / "store")
-    with zipfile.ZipFile(good) as zf:
-        info = zf.getinfo("model.pt")
-        start = info.header_offset + 30 + len(info.filename) + len(info.extra)
-    data = bytearray(good.read_bytes())
-    data[start + 1000] ^= 0xFF  # found only while extracting: the half-extracted temp dir goes
-    good.write_bytes(bytes(data))
-    with pytest.raises(ArchiveError, match="damaged") as info:
-        hk.MockContext.from_mar(good)
-    assert info.value.rule == "corrupt"
-    (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(ArchiveError, match="not a directory, nor a model archive") as info:
-        hk.MockContext.from_mar(tmp_path / "notes.txt")
-    assert info.value.rule == "not-an-archive"
-    gc.collect()
-    assert not any(private_tmp.iterdir())
-
-
-def test_a_function_handler_runs_from_a_mar(tmp_path: Path, private_tmp: Path) -> None:
-    mar = write_zip(tmp_path / "tiny.mar", good_entries())
-    ctx = hk.MockContext.from_mar(mar)
-    run = hk.Harness(ctx.manifest["model"]["handler"], ctx).run(hk.batch(hk.Request.json({"a": 1})))
-    assert run.output == [["body"]] and ctx.model_name == "tiny"
-
-
-def test_dirs_of_killed_processes_are_swept_by_the_next_open(tmp_path: Path, private_tmp: Path) -> None:
-    """A kernel killed with SIGKILL never runs its finalizers; the next from_mar removes its dirs."""
-    gone = subprocess.Popen([os.sys.executable, "-c", "pass"])
-    gone.wait()
-    orphan = private_tmp / f"handlerkit-mar-{gone.pid}-abc"
-    (orphan / "MAR-INF").mkdir(parents=True)
-    partial = private_tmp / f".handlerkit-mar-{gone.pid}-def.partial-1234"
-    partial.mkdir()
-    alive = private_tmp / f"handlerkit-mar-{os.getppid()}-ghi"  # pytest's parent: alive
-    alive.mkdir()
-    unrelated = private_tmp / "handlerkit-nb-xyz"
-    unrelated.mkdir()
-    ctx = hk.MockContext.from_mar(archive.build(DEMO, tmp_path / "store"))
-    assert not orphan.exists() and not partial.exists() and alive.is_dir() and unrelated.is_dir()
-    ctx.archive.cleanup()
+    assert archive.read_manifest(bare)["model"]["handler"] == "handler.py"  # inferred from the files
+    with pytest.raises(ArchiveError, match=r"not valid JSON") as info:
+        archive.read_manifest(write_zip(tmp_path / "bad.mar", good_entries(), manifest=b"{oops"))
+    assert info.value.rule == "manifest-malformed" and info.value.member == "MAR-INF/MANIFEST.json"

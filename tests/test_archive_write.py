@@ -1,15 +1,16 @@
-"""handlerkit.archive's writing (write.py, manifest.py): archives built as torch-model-archiver
-0.12 builds them, only faster, and read by TorchServe's own code.
+"""handlerkit.archive.write: archives written as torch-model-archiver 0.12 writes them, only faster,
+and read by TorchServe's own code.
 
 - the manifest (key for key, minus createdOn) and the file layout equal the real archiver's on
-  the same inputs, in the default, tgz and no-archive forms; the archive built from the demo
-  model dir predicts what the dir predicts; an interrupted build leaves nothing behind;
+  the same inputs, in the default, tgz and no-archive forms; an archive the archiver wrote
+  opens with its manifest; an interrupted build leaves nothing behind;
 - compression: weights are stored, text deflated, in a .mar's entries and in a .tar.gz, which
   is one gzip member whose level changes from file to file; TorchServe 0.12's frontend
   (ZipUtils.decompressTarGzipFile, run in Java) extracts it, and would not extract a .tar.gz of
   several gzip members.
 
-What goes in is tested in test_archive_pack.py.
+What goes in is tested in test_archive_pack.py, the manifest's keys in test_archive_manifest.py,
+``archive.build`` end to end in test_archive.py.
 """
 
 from __future__ import annotations
@@ -29,36 +30,24 @@ from _archives import (
     CIRCLE,
     DEMO,
     HANDLER_PY,
+    archiver_inputs,
     contents,
     needs_archiver,
     private_temp_dir,
     run_archiver,
     snapshot,
-    with_model,
     without_date,
 )
 
 import handlerkit as hk
 from handlerkit import archive
-from handlerkit.archive import ArchiveError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
 def inputs(tmp_path: Path) -> Path:
-    """Files laid out as a user hands them to the archiver: a handler, extras (a file, a folder)."""
-    src = tmp_path / "src"
-    (src / "extra" / "sub").mkdir(parents=True)
-    (src / "extra" / "a.txt").write_text("a")
-    (src / "extra" / "sub" / "b.txt").write_text("b")
-    (src / "extra" / "__pycache__").mkdir()
-    (src / "extra" / "__pycache__" / "x.pyc").write_bytes(b"\0")
-    (src / "my_handler.py").write_text(
-        "from handlerkit.handlers.image_classifier import ImageClassifier\n\n\nclass H(ImageClassifier):\n    pass\n"
-    )
-    (src / "requirements.txt").write_text("pillow\n")
-    return src
+    return archiver_inputs(tmp_path)
 
 
 @pytest.fixture()
@@ -92,20 +81,6 @@ def test_build_writes_what_torch_model_archiver_writes(inputs: Path, tmp_path: P
 
 
 @needs_archiver
-@pytest.mark.parametrize(
-    "spec, archived", [("image_classifier", None), ("my_handler", "my_handler.py"), ("my_handler.py", "my_handler.py")]
-)
-def test_handler_specs_are_archived_as_the_archiver_does(inputs: Path, tmp_path: Path, spec: str, archived: str | None) -> None:
-    """A built-in name is no file; a path is archived under its base name and named by it."""
-    handler = spec if spec == "image_classifier" else f"{inputs}/{spec}"
-    ref = run_archiver(tmp_path, "default", "--model-name", "m", "--version", "1.0", "--handler", handler)
-    ours = archive.build(None, tmp_path / "ours", model_name="m", handler=handler)
-    assert without_date(archive.read_manifest(ours)) == without_date(archive.read_manifest(ref))
-    assert archive.read_manifest(ours)["model"]["handler"] == spec
-    assert set(contents(ours)) == set(contents(ref)) == ({archived} if archived else set())
-
-
-@needs_archiver
 @pytest.mark.parametrize("fmt", ["default", "tgz"])
 def test_an_archive_from_torch_model_archiver_opens_with_its_manifest(
     inputs: Path, tmp_path: Path, private_tmp: Path, fmt: str
@@ -126,64 +101,6 @@ def test_an_archive_from_torch_model_archiver_opens_with_its_manifest(
     batch = hk.batch(hk.Request.from_file(CIRCLE))
     got = hk.Harness(ctx.manifest["model"]["handler"], ctx).run(batch).output
     assert got == hk.Harness("image_classifier", hk.MockContext.from_model_dir(DEMO)).run(batch).output
-
-
-def test_build_from_the_demo_model_dir_predicts_what_the_dir_predicts(tmp_path: Path) -> None:
-    mar = archive.build(DEMO, tmp_path)
-    assert mar == tmp_path / "image_classifier.mar"
-    manifest = archive.read_manifest(mar)
-    assert without_date(manifest) == without_date(json.loads((DEMO / "MAR-INF" / "MANIFEST.json").read_text()))
-    with zipfile.ZipFile(mar) as zf:
-        infos = {i.filename: i for i in zf.infolist()}
-        assert list(infos)[-1] == "MAR-INF/MANIFEST.json"  # written last, as the archiver does
-        assert infos["model.pt"].compress_type == zipfile.ZIP_STORED  # weights are not deflated
-        assert infos["model.py"].compress_type == zipfile.ZIP_DEFLATED
-    expected = {p.relative_to(DEMO).as_posix() for p in DEMO.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    assert set(infos) == expected
-
-    batch = hk.batch(hk.Request.from_file(CIRCLE))
-    ref_ctx = hk.MockContext.from_model_dir(DEMO)
-    reference = hk.Harness(ref_ctx.manifest["model"]["handler"], ref_ctx).run(batch).output
-    ctx = hk.MockContext.from_model_dir(mar)  # a .mar wherever a model dir works
-    got = hk.Harness(ctx.manifest["model"]["handler"], ctx).run(batch).output
-    assert got == reference and max(got[0], key=got[0].get) == "circle"
-
-
-def test_build_refusals_name_the_rule_and_the_fix(tmp_path: Path, inputs: Path) -> None:
-    handler = str(inputs / "my_handler.py")
-    archive.build(None, tmp_path / "o", model_name="m", handler=handler)
-    cases = [
-        (dict(model_name="m", handler=handler), "exists"),
-        (dict(model_name="m", handler=str(tmp_path / "nope.py"), force=True), "missing-file"),
-        (dict(model_name="m"), "no-handler"),
-        (dict(model_name="bad name!", handler=handler), "model-name"),
-        (dict(model_name="m", handler=handler, extra_files=[str(inputs / "extra" / "a.txt"), str(inputs / "extra" / "sub")],
-              model_file=str(inputs / "extra" / "a.txt"), force=True), None),  # the same file twice: fine
-        (dict(model_name="m", handler=handler, extra_files=["missing.json"], force=True), "missing-file"),
-    ]  # fmt: skip
-    for kwargs, rule in cases:
-        if rule is None:
-            archive.build(None, tmp_path / "o", **kwargs)
-            continue
-        with pytest.raises(ArchiveError) as info:
-            archive.build(None, tmp_path / "o", **kwargs)
-        assert info.value.rule == rule and info.value.fix, (kwargs, info.value)
-    (tmp_path / "x").mkdir()
-    (tmp_path / "x" / "a.txt").write_text("other")
-    with pytest.raises(ArchiveError, match="two files would be archived as 'a.txt'") as info:
-        archive.build(None, tmp_path / "o", model_name="m", handler=handler, force=True,
-                      extra_files=[str(inputs / "extra" / "a.txt"), str(tmp_path / "x" / "a.txt")])  # fmt: skip
-    assert info.value.rule == "name-collision"
-    src = tmp_path / "src2"
-    src.mkdir()
-    (src / "MAR-INF").mkdir()
-    (src / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(with_model(serializedFile="gone.pt")))
-    (src / "handler.py").write_text(HANDLER_PY)
-    with pytest.raises(ArchiveError, match="serializedFile 'gone.pt'") as info:
-        archive.build(src, tmp_path / "o2")
-    assert info.value.rule == "manifest-file-missing"
-    with pytest.raises(ValueError, match="archive_format"):
-        archive.build(src, tmp_path, archive_format="zip")
 
 
 @pytest.mark.parametrize("fmt", ["default", "tgz", "no-archive"])

@@ -173,7 +173,7 @@ def test_split_keeps_ids_and_decoding():
 
 
 # --------------------------------------------------------------------------------------------
-# Worker message and wire encoding (checked against TorchServe itself in test_ts_wire.py)
+# Worker message and wire encoding (checked against TorchServe itself in test_wire.py)
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,21 +1,16 @@
 """hk.summary: one line per tensor (shape, dtype, device, n, bytes, statistics, NaN/Inf, zeros),
-computed on the tensor's device with a few scalars fetched, for every kind of tensor; and the
-results' tables that print it, computed when rendered, never during a run."""
+computed on the tensor's device with a few scalars fetched, for every kind of tensor. The
+results' tables that print it are tested in test_results.py."""
 
 from __future__ import annotations
 
 import re
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 from handlerkit.summaries import summary, tensor_summary
-
-ROOT = Path(__file__).resolve().parent.parent
-CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
-IMAGES = ROOT / "fixtures" / "images"
 
 
 def fields(line: str) -> dict[str, str]:
@@ -172,53 +167,3 @@ def test_a_large_tensor_is_reduced_without_python_loops():
     x[0, 0] = float("nan")
     line = summary(x)
     assert "n=4000000 (15.3 MiB)" in line and "NaN=1" in line and "max=0" in line
-
-
-# ---------------------------------------------------------------------------------------------
-# The results print it, computed when rendered only
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def classifier_run():
-    import handlerkit as hk
-
-    h = hk.Harness("image_classifier", hk.MockContext.from_model_dir(str(CLASSIFIER)))
-    return h.run(hk.batch(*(hk.Request.from_file(str(IMAGES / name)) for name in ("circle.png", "star.jpg"))))
-
-
-def test_stage_tables_print_the_summary_of_each_tensor(classifier_run):
-    inference = str(classifier_run.stages["inference"])
-    output = next(line for line in inference.splitlines() if line.startswith("output "))
-    assert "Tensor[2, 5] float32 cpu n=10 (40 B) min=" in output and "std=" in output
-    assert re.search(r"^input +Tensor\[2, 3, 224, 224\] float32 cpu n=301056 \(1.1 MiB\) min=", inference, re.M)
-    preprocess = str(classifier_run.stages["preprocess"])
-    assert "input " not in preprocess  # the requests hold no tensor: no row for them
-
-
-def test_run_table_prints_summaries_and_a_table_for_tensors_inside_outputs(classifier_run):
-    from handlerkit.results import Run, StageResult
-
-    text = str(classifier_run)
-    assert re.search(r"^preprocess .* Tensor\[2, 3, 224, 224\] float32 cpu n=301056 .* mean=", text, re.M)
-    nested = StageResult("inference", output=[{"boxes": torch.zeros(1, 4), "scores": torch.ones(1)}])
-    run = Run(output=[], stages={"inference": nested}, batch_size=1)
-    lines = str(run).splitlines()
-    assert "tensors in the outputs" in lines
-    assert any(re.match(r"inference +output\[0\]\['boxes'\] +Tensor\[1, 4\] .* all zeros", line) for line in lines)
-    assert "output[0]['scores']" in str(nested) and "Tensor[1] float32 cpu n=1 (4 B) min=1" in str(nested)
-
-
-def test_summaries_are_computed_when_printed_never_during_a_run(monkeypatch):
-    import handlerkit as hk
-    import handlerkit.summaries as module
-
-    calls = []
-    real = module._statistics
-    monkeypatch.setattr(module, "_statistics", lambda t: (calls.append(t.shape), real(t))[1])
-    h = hk.Harness("image_classifier", hk.MockContext.from_model_dir(str(CLASSIFIER)))
-    run = h.run(hk.batch(hk.Request.from_file(str(IMAGES / "circle.png"))))
-    repr(run), repr(run.stages["inference"])  # the one-line reprs stay cheap too
-    assert calls == []
-    str(run)
-    assert torch.Size([1, 3, 224, 224]) in calls

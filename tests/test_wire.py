@@ -1,4 +1,5 @@
-"""Wire fidelity, proved with TorchServe 0.12's own worker code (test-only dependency).
+"""handlerkit._wire: the OTF frame and the worker's decoding, proved with TorchServe 0.12's own
+worker code (test-only dependency).
 
 (a) ``Batch.encode()`` goes through ``ts.protocol.otf_message_handler.retrieve_msg`` and
 ``ts.service.Service.retrieve_data_for_inference``: the handler data and headers equal
@@ -14,11 +15,10 @@ from __future__ import annotations
 
 import io
 import json
-import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ts_metrics_cache
 
 pytestmark = pytest.mark.torchserve
 
@@ -108,17 +108,6 @@ def mixed_batch(png_file, tmp_path):
         Request.json([1, 2], name="data").with_headers({"describe": "True", "ts_request_sequence_id": "seq-7"}),
         Request.json({"prompt": "hi"}, url_path="v1/chat/completion"),
     )
-
-
-def ts_metrics_cache(model_name: str):
-    """TorchServe's own metrics cache, from the metrics.yaml it ships."""
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)  # ts leaves the YAML file open
-        cache = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    cache.model_name = model_name
-    return cache
 
 
 def through_torchserve(b: Batch):
@@ -257,7 +246,6 @@ def test_service_predict_delivers_batch_data(tmp_path, mixed_batch, metrics_kind
         metrics = RecordingMetrics(model_name="probe")
     else:
         metrics = ts_metrics_cache("probe")
-        metrics.initialize_cache()
     recorder = Recorder()
     service = make_service(tmp_path, recorder, metrics)
 

@@ -1,4 +1,5 @@
-"""Device choice with faked accelerators: handlerkit's seams, and TorchServe's own rule side by side.
+"""handlerkit.devices: device choice with faked accelerators (handlerkit's seams, and TorchServe's
+own rule side by side), and device kinds.
 
 No GPU is needed. ``choose_device`` is tested through the availability seams of
 ``handlerkit.devices``. To compare with TorchServe, accelerators are faked at the
@@ -17,7 +18,7 @@ from conftest import ts_imports
 
 import handlerkit as hk
 from handlerkit import devices as device_mod
-from handlerkit.devices import choose_device
+from handlerkit.devices import choose_device, device_kind
 from handlerkit.handlers.base import BaseHandler
 
 KINDS = ("cuda", "xpu", "mps", "xla")
@@ -77,6 +78,19 @@ def test_xla_is_used_even_without_gpu_id(fake, gpu_id):
 def test_cuda_with_gpu_id_wins_over_xla(fake):
     fake("cuda", "xla", xla_device=object())
     assert str(choose_device("0").device) == "cuda:0"
+
+
+@pytest.mark.parametrize(
+    ("device", "kind"),
+    [(None, "cpu"), ("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda"), ("MPS", "mps"), ("xpu:0", "xpu")],
+)
+def test_device_kind_from_strings(device: object, kind: str) -> None:
+    assert device_kind(device) == kind
+
+
+def test_device_kind_from_torch_device() -> None:
+    assert device_kind(torch.device("cuda", 0)) == "cuda"
+    assert device_kind(torch.device("cpu")) == "cpu"
 
 
 def test_real_availability_on_this_machine():
