@@ -22,7 +22,6 @@ import pytest
 
 import handlerkit as hk
 from handlerkit.cli import main
-from handlerkit.serving._ports import listener_of, port_holder
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "fixtures" / "models" / "image_classifier"
@@ -60,22 +59,6 @@ def test_a_port_in_use_is_refused_naming_what_holds_it(capsys: pytest.CaptureFix
     assert re.fullmatch(
         rf"handlerkit: error: port {port} on 127\.0\.0\.1 is already in use by pid {os.getpid()} \(.*python.*\): "
         r"stop it, or serve on another --port\n", err), err
-
-
-def test_port_holder_is_none_for_a_free_port_and_names_the_listening_process() -> None:
-    port = _free_port()
-    assert port_holder("127.0.0.1", port) is None and listener_of(port) is None
-    assert port_holder("127.0.0.1", 0) is None  # any free port
-    with open("/proc/self/cmdline", "rb") as f:
-        command = " ".join(w.decode() for w in f.read().rstrip(b"\0").split(b"\0"))
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", port))
-        listener.listen()
-        holder = f"pid {os.getpid()} ({command if len(command) <= 80 else command[:79] + '…'})"
-        assert listener_of(port) == holder
-        assert port_holder("127.0.0.1", port) == holder
-        assert port_holder("0.0.0.0", port) == holder  # every address includes loopback's
-    assert port_holder("127.0.0.1", port) is None  # closed: free again
 
 
 # -- with a local Ray instance -------------------------------------------------------------

@@ -189,14 +189,6 @@ def test_the_checker_sees_cycles_and_upward_imports(tmp_path):
 
 TESTS = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
 
-#: Modules whose tests are not held to the mirror rule yet, and why; an entry covers a module
-#: and everything under it.
-NOT_MIRRORED_YET = {
-    # Being rewritten on its own branch: the lead maps its tests when it lands, then drops this.
-    "handlerkit.serving": "being rewritten",
-}
-
-
 def holds_code(path: Path) -> bool:
     """Whether a module holds code of its own: anything but a docstring, imports, ``__all__``
     (or another dunder name) and an ``if TYPE_CHECKING:`` block."""
@@ -230,8 +222,6 @@ def mirror_gaps(modules: dict[str, Path], tests: set[str], root: Path = ROOT) ->
     """Each module (its path under ``root``) with no test module named after it, and the names that would do."""
     gaps = []
     for module, path in sorted(modules.items()):
-        if any(module == held or module.startswith(held + ".") for held in NOT_MIRRORED_YET):
-            continue
         names = mirror_names(module, path)
         if names and not tests.intersection(names):
             gaps.append(f"{path.relative_to(root).as_posix()}: no {' or '.join(f'tests/{n}.py' for n in names)}")
@@ -252,8 +242,6 @@ def test_the_mirror_check_sees_modules_nobody_tests(tmp_path):
         "planted_pkg/_inner.py": "X = 1\n",
         "quiet_pkg/__init__.py": '"""Re-exports only."""\n\nfrom x import y\n\n__all__ = ["y"]\n',
         "quiet_pkg/loud.py": "X = 1\n",
-        "serving/engine.py": "X = 1\n",
-        "serving/__init__.py": "ENGINES = {}\n",
     }
     for name, text in files.items():
         (tmp_path / "handlerkit" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -265,7 +253,7 @@ def test_the_mirror_check_sees_modules_nobody_tests(tmp_path):
         "handlerkit/planted_pkg/__init__.py: no tests/test_planted_pkg.py",
         "handlerkit/planted_pkg/_inner.py: no tests/test_planted_pkg_inner.py or tests/test_planted_pkg.py",
         "handlerkit/quiet_pkg/loud.py: no tests/test_quiet_pkg_loud.py or tests/test_quiet_pkg.py",
-    ]  # quiet_pkg's __init__ holds no code: it needs none; serving/ is exempt for now
+    ]  # quiet_pkg's __init__ holds no code: it needs none
     assert mirror_gaps(planted, {"test_imports", "test_planted", "test_planted_pkg", "test_quiet_pkg_loud"}, tmp_path) == []
 
 
