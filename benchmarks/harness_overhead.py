@@ -64,6 +64,8 @@ VARIANTS = (
     ("memory off", {"track_memory": False}, "off"),
     ("everything on", {"track_memory": True, "capture_logs": True}, "on"),
     ("memory and logs off", {"track_memory": False, "capture_logs": False}, None),
+    # What the model dir as working directory costs (two getcwd and two fchdir per call).
+    ("memory off, cwd left alone", {"track_memory": False, "working_dir": None}, None),
     # No harness: bare handle with a MemoryTracker around each stage. What exact per-stage
     # peak memory costs by itself (a reset and two reads of /proc per stage).
     ("bare + memory per stage", None, None),
@@ -188,7 +190,38 @@ def main() -> int:
             f"{name:26} {'  everything on, beyond exact per-stage memory:':50} {beyond / bare_ms:+9.2%} {beyond * 1000:7.0f}"
         )
     tmp.cleanup()
+    print()
+    print(syscall_table())
     return 1 if failed else 0
+
+
+def syscall_table(n: int = 20000) -> str:
+    """What each system call the harness makes per stage or per call costs on its own here (a
+    tight loop of n; next to a model each costs more: its caches are the model's too)."""
+    import resource
+
+    from handlerkit import memory
+
+    here = os.getcwd()
+    fd = os.open(here, os.O_RDONLY)
+    calls = [
+        ("reset the high-water mark (write /proc/self/clear_refs)", "memory on: each stage", memory._reset_hwm),
+        ("RSS at a stage's start (read /proc/self/statm)", "memory on: each stage", memory.rss_bytes),
+        ("peak: getrusage(RUSAGE_SELF)", "memory on: each stage", lambda: resource.getrusage(resource.RUSAGE_SELF)),
+        ("peak: read /proc/self/status (the fallback)", "where getrusage is not exact", memory._hwm_and_rss),
+        ("getcwd()", "twice a call", os.getcwd),
+        ("fchdir()", "twice a call", lambda: os.fchdir(fd)),
+    ]
+    rows = [f"{'system call':58} {'when':30} {'us':>6}"]
+    for label, when, call in calls:
+        for _ in range(200):
+            call()
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            call()
+        rows.append(f"{label:58} {when:30} {(time.perf_counter_ns() - t0) / n / 1000:6.2f}")
+    os.close(fd)
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from handlerkit.recording import failures, spy
 from handlerkit.recording.capture import Capture, ListHandler, enable_info_logs
 from handlerkit.recording.recorder import Recorder
 from handlerkit.results import Run, StageResult
-from handlerkit.service import Service
+from handlerkit.service import Service, WorkingDir
 from handlerkit.timer import Timer
 
 __all__ = ["Harness"]
@@ -65,6 +65,11 @@ class Harness(Reports):
             records exist; it adds no handler, so nothing more is printed.
         envelope: a TorchServe service envelope (``"json"``, ``"kserve"``, ``"kservev2"``)
             wrapped around ``handle`` as the worker does for a model served with one.
+        working_dir: ``"call"`` (the model dir is the working directory during each call, the
+            notebook's comes back after it, as TorchServe's worker runs in the model dir) or
+            None (leave it alone: a handler's relative paths then look in the notebook's
+            directory; saves two ``getcwd`` and two ``fchdir`` per call). See
+            :class:`~handlerkit.service.Service`.
 
     The handler is loaded and run by a :class:`~handlerkit.service.Service` (``h.service``), as
     TorchServe's worker loads and runs it: in the model dir's imports, with the model dir as
@@ -83,6 +88,7 @@ class Harness(Reports):
         track_memory: bool = True,
         capture_logs: bool = True,
         envelope: str | None = None,
+        working_dir: WorkingDir = "call",
     ):
         if isinstance(handler, Service):
             if context is not None and context is not handler.context:
@@ -91,7 +97,7 @@ class Harness(Reports):
                 raise ValueError("a Service brings its own envelope: open it with envelope=..., not the Harness")
             self.service = handler
         else:
-            self.service = Service(handler, context, envelope=envelope, build=_build_spied)
+            self.service = Service(handler, context, envelope=envelope, build=_build_spied, working_dir=working_dir)
         # Built as the spied class already (a class or spec), or given the spied class now (an
         # instance, a Service opened elsewhere): stage calls inside handle reach the recorder.
         self._spied = self.handler is not None and spy.spy_on(self.handler)

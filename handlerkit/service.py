@@ -38,10 +38,12 @@ build their reports on top.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -63,6 +65,7 @@ WorkingDir = Literal["call", "process", None]
 _WORKING_DIRS = ("call", "process", None)
 
 Build = Callable[[type], Any]
+_LABEL = "the handler"  # what running() calls the code it runs, by default
 
 
 class Service:
@@ -119,9 +122,8 @@ class Service:
         self.origin: str | None = None
         self.archive: Any = getattr(context, "archive", None)  # an unpacked archive's temp dir
         self._home: str | None = None  # the model dir when it exists (see refresh)
-        self._depth = 0  # nesting of running() blocks: only the outermost changes directory
-        self._previous_dir: str | None = None
-        self._warned_dirs: set[str] = set()
+        self._directories: _Directories | None = None  # working_dir="call": the moves around each call
+        self._idle: _Running | None = None  # running()'s usual block, kept for the next call
         # The model config as initialize got it and left it (see _hand_a_fresh_config).
         self._config_original: Any = None
         self._config_handed: Any = None
@@ -187,6 +189,9 @@ class Service:
 
     def close(self) -> None:
         """Remove the temporary dir an archive was unpacked into (nothing for a model dir)."""
+        if self._directories is not None:
+            self._directories.close()
+            self._directories = None
         if self.archive is not None:
             self.archive.cleanup()
 
@@ -281,9 +286,14 @@ class Service:
     def refresh(self) -> None:
         """Look again whether the model dir exists (at construction, initialize and reload, not
         per call: a stat costs microseconds between two bursts of torch work)."""
-        self._home = self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
+        home = self.model_dir if self.model_dir and os.path.isdir(self.model_dir) else None
+        if self.working_dir == "call" and (self._directories is None or self._directories.home != home):
+            if self._directories is not None:
+                self._directories.close()
+            self._directories = _Directories(home) if home is not None else None
+        self._home = home
 
-    def running(self, label: str = "the handler", *, max_age: float = 1.0) -> _Running:
+    def running(self, label: str = _LABEL, *, max_age: float = 1.0) -> _Running:
         """A context manager under which the handler runs as in its worker: the model dir's
         imports (``import model`` finds the dir's own) and, with ``working_dir="call"``, the
         model dir as the working directory, the previous one back on exit.
@@ -292,7 +302,13 @@ class Service:
         run inside in the warning given when it changes the working directory. ``max_age``:
         trust the dir's listing for this many seconds (see :func:`model_dir_imports`).
         """
-        return _Running(self, label, max_age)
+        idle = self._idle
+        if label == _LABEL and max_age == 1.0 and idle is not None and not idle.entered:
+            return idle  # the usual block, made once: the Harness enters one around every batch
+        running = _Running(self, label, max_age)
+        if label == _LABEL and max_age == 1.0:
+            self._idle = running
+        return running
 
     # -- the worker's calls ---------------------------------------------------------------------
     def initialize(self) -> None:
@@ -351,56 +367,118 @@ class Service:
 
 class _Running:
     """The context manager :meth:`Service.running` returns (a class with slots: the Harness
-    enters one for every stage, so entering and leaving are kept to a few operations)."""
+    enters one for every run and step, so entering and leaving are kept to a few operations)."""
 
-    __slots__ = ("_imports", "_label", "_service")
+    __slots__ = ("_home", "_imports", "_label", "_service", "entered")
 
     def __init__(self, service: Service, label: str, max_age: float) -> None:
         self._service = service
         self._label = label
-        self._imports = model_dir_imports(service._home, max_age=max_age)
+        self._home = service._home
+        self._imports = model_dir_imports(self._home, max_age=max_age)
+        self.entered = False
 
     def __enter__(self) -> str | None:
         service = self._service
-        home = service._home
-        if service.working_dir == "call" and home is not None:
-            if service._depth == 0:
-                previous = os.getcwd()
-                service._previous_dir = previous
-                if previous != home:
-                    os.chdir(home)
-            service._depth += 1
+        if service._home != self._home:  # refreshed since this block was made
+            self._home = service._home
+            self._imports = model_dir_imports(self._home, max_age=1.0)
+        directories = service._directories
+        if directories is not None:
+            directories.enter()
+        self.entered = True
         return self._imports.__enter__()
 
     def __exit__(self, *exc_info: object) -> None:
-        service = self._service
+        self.entered = False
         try:
             self._imports.__exit__(*exc_info)
         finally:
-            if service.working_dir == "call" and service._home is not None and service._depth > 0:
-                service._depth -= 1
-                if service._depth == 0:
-                    _restore(service, self._label)
+            directories = self._service._directories
+            if directories is not None:
+                directories.leave(self._label)
 
 
-def _restore(service: Service, label: str) -> None:
-    """Back to the directory the outermost block found; say so when the handler moved away."""
-    home, previous = service._home, service._previous_dir
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class _Directories:
+    """``working_dir="call"``: into the model dir for a call, back to the caller's directory
+    after it, and a word when the handler moved elsewhere. Blocks nest: only the outermost moves.
+
+    Both directories are held open, so each move is an ``fchdir`` (no path walked; a third of a
+    ``chdir``'s cost here, and this runs around every batch); the caller's is opened again only
+    when it changed since the last call. Where ``fchdir`` does not exist, paths are used.
+    """
+
+    __slots__ = ("__weakref__", "depth", "fds", "home", "previous", "warned")
+
+    def __init__(self, home: str) -> None:
+        self.home = home
+        self.depth = 0
+        self.previous: str | None = None
+        self.fds: list[int | None] = [_open_dir(home), None]  # the model dir's, the caller's
+        self.warned: set[str] = set()
+        weakref.finalize(self, _close_fds, self.fds)
+
+    def enter(self) -> None:
+        if self.depth == 0:
+            previous = os.getcwd()
+            if previous != self.previous:  # the caller moved since the last call
+                _close_fds(self.fds[1:])
+                self.previous, self.fds[1] = previous, _open_dir(previous)
+            if previous != self.home:
+                _change_dir(self.fds[0], self.home)
+        self.depth += 1
+
+    def leave(self, label: str) -> None:
+        self.depth -= 1
+        if self.depth:
+            return
+        try:
+            now = os.getcwd()
+        except FileNotFoundError:  # the handler moved into a directory removed since
+            now = "(a removed directory)"
+        if now != self.home and now not in self.warned:
+            self.warned.add(now)
+            warnings.warn(
+                f"handlerkit: {label} changed the working directory to {now}; TorchServe's worker runs "
+                f"in the model dir ({self.home}) and stays wherever a handler moves it, so relative paths "
+                f"in later calls would look elsewhere. handlerkit put it back",
+                HandlerkitWarning,
+                stacklevel=user_stacklevel(),
+            )
+        if self.previous is not None and now != self.previous:
+            _change_dir(self.fds[1], self.previous)
+
+    def close(self) -> None:
+        _close_fds(self.fds)
+        self.fds[:] = [None, None]
+        self.previous = None
+
+
+def _open_dir(path: str) -> int | None:
+    """A descriptor of the directory for ``fchdir``, or None (no ``fchdir`` here, or refused)."""
+    if not hasattr(os, "fchdir"):
+        return None
     try:
-        now = os.getcwd()
-    except FileNotFoundError:  # the handler chdir'ed into a dir that is gone since
-        now = "(a removed directory)"
-    if now != home and now not in service._warned_dirs:
-        service._warned_dirs.add(now)
-        warnings.warn(
-            f"handlerkit: {label} changed the working directory to {now}; TorchServe's worker runs "
-            f"in the model dir ({home}) and stays wherever a handler moves it, so relative paths in "
-            f"later calls would look elsewhere. handlerkit put it back",
-            HandlerkitWarning,
-            stacklevel=user_stacklevel(),
-        )
-    if previous is not None and now != previous:
-        os.chdir(previous)
+        return os.open(path, _DIR_FLAGS)
+    except OSError:
+        return None
+
+
+def _change_dir(fd: int | None, path: str) -> None:
+    if fd is not None:
+        os.fchdir(fd)
+    else:
+        os.chdir(path)
+
+
+def _close_fds(fds: list[int | None]) -> None:
+    for fd in fds:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def is_base_handle(func: Any) -> bool:

@@ -247,3 +247,38 @@ def test_the_harness_is_built_on_a_service(relative_dir, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="a Service brings its own context"):
         hk.Harness(svc, hk.MockContext())
     assert os.getcwd() == str(tmp_path)
+
+
+def test_the_caller_moving_between_calls_is_where_the_next_call_returns(relative_dir, tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    svc = Service.open(relative_dir)
+    svc.initialize()
+    svc.handle([1])
+    assert os.getcwd() == str(first)
+    os.chdir(second)  # the notebook's own %cd between two calls
+    assert svc.handle([1])[0]["cwd"] == str(relative_dir.resolve())
+    assert os.getcwd() == str(second)
+
+
+def test_the_directories_held_open_are_closed_with_the_service(relative_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = set(os.listdir("/proc/self/fd"))
+    svc = Service.open(relative_dir)
+    svc.initialize()
+    svc.handle([1])
+    held = set(os.listdir("/proc/self/fd")) - before
+    assert len(held) == 2  # the model dir and the caller's, for fchdir
+    svc.close()
+    assert set(os.listdir("/proc/self/fd")) - before == set()
+
+
+def test_a_harness_can_leave_the_working_directory_alone(relative_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(relative_dir)  # where the handler's relative paths then resolve
+    h = hk.Harness("handler.py", hk.MockContext(model_dir=relative_dir), working_dir=None)
+    h.initialize()
+    monkeypatch.chdir(tmp_path)
+    assert h.service.working_dir is None
+    assert h.run([{"body": b""}]).output[0]["cwd"] == str(tmp_path)  # the handler ran where the caller is

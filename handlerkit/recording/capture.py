@@ -16,6 +16,8 @@ from handlerkit.results import LogEntry
 
 __all__ = ["Capture", "ListHandler", "enable_info_logs"]
 
+_RECORD_ALL = [("always", None, Warning, None, 0)]
+
 
 class ListHandler(logging.Handler):
     """A logging handler that keeps records as :class:`LogEntry` in ``entries``.
@@ -71,10 +73,10 @@ class Capture:
         try:
             self._catcher = warnings.catch_warnings(record=True)
             self.warnings = self._catcher.__enter__()
-            # Record every warning: the same as simplefilter("always") on the copied filter
-            # list, without the ValueError simplefilter raises and catches each time.
-            warnings.resetwarnings()
-            warnings.simplefilter("always", append=True)
+            # Record every warning: simplefilter("always") on the filter list catch_warnings
+            # restores on exit, set in one step (simplefilter raises and catches a ValueError
+            # each time, and every change of the filters makes warnings re-read them).
+            warnings.filters[:] = _RECORD_ALL
             if self._log_handler is not None:
                 # Only a handler is added: Logger.setLevel would clear the cache of every logger
                 # (hundreds once torch is imported), ~0.3 ms each time.
