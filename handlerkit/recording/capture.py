@@ -76,7 +76,7 @@ class Capture:
             # Record every warning: simplefilter("always") on the filter list catch_warnings
             # restores on exit, set in one step (simplefilter raises and catches a ValueError
             # each time, and every change of the filters makes warnings re-read them).
-            warnings.filters[:] = _RECORD_ALL
+            warnings.filters = list(_RECORD_ALL)  # catch_warnings puts the caller's list back
             if self._log_handler is not None:
                 # Only a handler is added: Logger.setLevel would clear the cache of every logger
                 # (hundreds once torch is imported), ~0.3 ms each time.
