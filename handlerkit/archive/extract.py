@@ -12,6 +12,7 @@ extracts into a private temp dir that lives as long as the returned object.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tarfile
@@ -20,6 +21,7 @@ import uuid
 import weakref
 import zipfile
 import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -93,33 +95,30 @@ def _write(source: Any, dest: Path, entry: Entry, listing: Listing) -> None:
 
 
 def _extract_zip(listing: Listing, root: Path) -> None:
-    wanted = {e.name: e for e in listing.entries if e.path}
     with zipfile.ZipFile(listing.path) as zf:
-        for info in zf.infolist():
-            entry = wanted.get(info.orig_filename)
-            if entry is None:
-                continue
-            dest = _destination(root, entry.path)
-            if entry.kind == "dir":
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            with zf.open(info) as source:
-                _write(source, dest, entry, listing)
+        _extract_members(listing, root, ((i.orig_filename, functools.partial(zf.open, i)) for i in zf.infolist()))
 
 
 def _extract_tgz(listing: Listing, root: Path) -> None:
-    wanted = {e.name: e for e in listing.entries if e.path}
     with tarfile.open(listing.path, "r:gz") as tf:
-        while (member := tf.next()) is not None:
-            entry = wanted.get(member.name)
-            if entry is None:
-                continue
-            dest = _destination(root, entry.path)
-            if entry.kind == "dir":
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            source = tf.extractfile(member)
-            if source is not None:
+        _extract_members(listing, root, ((m.name, functools.partial(tf.extractfile, m)) for m in iter(tf.next, None)))
+
+
+def _extract_members(listing: Listing, root: Path, members: Iterable[tuple[str, Callable[[], Any]]]) -> None:
+    """Write each checked entry of ``listing`` from the archive's members (name, opener of its
+    data), in the archive's order; members the listing does not hold are skipped."""
+    wanted = {e.name: e for e in listing.entries if e.path}
+    for name, open_data in members:
+        entry = wanted.get(name)
+        if entry is None:
+            continue
+        dest = _destination(root, entry.path)
+        if entry.kind == "dir":
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
+        source = open_data()
+        if source is not None:
+            with source:
                 _write(source, dest, entry, listing)
 
 
