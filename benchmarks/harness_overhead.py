@@ -11,7 +11,12 @@ by the median bare time. Targets (issue 3):
 
 The reference row "bare + memory per stage" is no harness at all: the bare handler with a
 MemoryTracker around each stage, i.e. what an exact per-stage peak costs by itself (a reset of
-the kernel's high-water mark and two /proc reads per stage, each a syscall).
+the kernel's high-water mark and two reads per stage, each a syscall). "memory off, cwd left
+alone" is the harness without the model dir as working directory (``working_dir=None``): the
+difference to "memory off" is what moving there and back costs per call. The table after it
+gives each system call's own cost in a tight loop; next to a model each costs several times
+that (measured here: the working directory's four calls, 2 us in a loop, cost 15-25 us a call
+next to the fixture classifier; any Python work next to it costs 2-3x its time alone).
 
 "Bare" is what TorchServe's worker does per batch: decode the requests, bind them to the
 context, call ``handler.handle(data, context)``. ``Harness.run`` calls that same ``handle``
