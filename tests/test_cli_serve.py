@@ -1,7 +1,7 @@
 """``handlerkit serve`` as an operator runs it: a busy port refused before Ray starts, a handler
 that fails to load stopping the command, a failed request logged once on the console, a clean
 stop that prints no failure. The last two start a real local Ray instance each (loopback only);
-``tests/test_serving_ray.py`` covers what the served model answers.
+``tests/test_serving_replica.py`` covers what the served model answers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _serving import BROKEN_CLASS
 
 import handlerkit as hk
 from handlerkit.cli import main
@@ -64,17 +65,6 @@ def test_a_port_in_use_is_refused_naming_what_holds_it(capsys: pytest.CaptureFix
 # -- with a local Ray instance -------------------------------------------------------------
 
 
-BROKEN = '''class Broken:
-    def initialize(self, context):
-        with open("tries.txt", "a") as f:  # the replica runs in the model dir
-            f.write("try\\n")
-        self.labels = None
-        for label in self.labels:
-            pass
-
-    def handle(self, data, context):
-        return data
-'''
 
 DOUBLING = '''def handle(data, context):
     if data is None:  # TorchServe's load call
@@ -96,7 +86,7 @@ def _model_dir(path: Path, handler: str) -> Path:
 
 @pytest.mark.ray
 def test_a_handler_that_fails_to_load_stops_serve_with_its_stage_error(tmp_path: Path) -> None:
-    model = _model_dir(tmp_path / "broken", BROKEN)
+    model = _model_dir(tmp_path / "broken", BROKEN_CLASS)
     start = time.monotonic()
     done = subprocess.run(_serve(model, "--port", _free_port(), "--num-cpus", 2, "--for", 60),
                           capture_output=True, text=True, timeout=240)

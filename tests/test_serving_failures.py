@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import ray  # the `ray` extra is in the test extra: CI has it, and a missing ray fails
+from _serving import BROKEN_CLASS
 from ray import serve
 
 from handlerkit.errors import HandlerLoadError, StageError
@@ -49,17 +49,6 @@ class Failing(ImageClassifier):
 '''
 FAILING_LINE = 8
 
-BROKEN_CLASS = '''class Broken:
-    def initialize(self, context):
-        with open("tries.txt", "a") as f:  # the replica runs in the model dir
-            f.write("try\\n")
-        self.labels = None
-        for label in self.labels:
-            pass
-
-    def handle(self, data, context):
-        return data
-'''
 BROKEN_FUNCTION = '''def handle(data, context):
     with open("tries.txt", "a") as f:
         f.write("try\\n")
