@@ -187,7 +187,8 @@ class Service:
             raise
 
     def close(self) -> None:
-        """Remove the temporary dir an archive was unpacked into (nothing for a model dir)."""
+        """Remove the temporary dir an archive was unpacked into, and let go of the directories
+        held open for the working-directory moves."""
         if self._directories is not None:
             self._directories.close()
             self._directories = None
