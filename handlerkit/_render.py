@@ -32,6 +32,7 @@ class Table(NamedTuple):
     headers: Sequence[str]
     rows: Sequence[Sequence[Any]]
     title: str = ""
+    wrap: int | None = None  # plain text: wrap text cells wider than this (HTML wraps itself)
 
 
 class Rendered:
@@ -56,7 +57,7 @@ class Rendered:
 
     def __str__(self) -> str:
         parts = [self._summary()]
-        parts += [render_text(t.headers, t.rows, t.title) for t in self._tables() if t.rows]
+        parts += [render_text(t.headers, t.rows, t.title, t.wrap) for t in self._tables() if t.rows]
         text = "\n\n".join(parts)
         notes = self._notes()
         return text + "".join(f"\nnote: {n}" for n in notes)

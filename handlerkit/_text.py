@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,18 +16,20 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def render_text(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
-    """A fixed-width table: numbers right-aligned, text left-aligned."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
+def render_text(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "", wrap: int | None = None) -> str:
+    """A fixed-width table: numbers right-aligned, text left-aligned. With ``wrap``, a text cell
+    wider than that wraps onto continuation lines of its row (a table of long messages, such as
+    compile guards and fixes, then fits a terminal); one-line summaries are left whole."""
     numeric = [
         all(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows if row[i] is not None)
         and any(row[i] is not None for row in rows)
         for i in range(len(headers))
     ]
+    wrapped = [[_wrapped(_cell(v), num, wrap) for v, num in zip(row, numeric)] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in wrapped:
+        for i, lines in enumerate(row):
+            widths[i] = max(widths[i], *(len(part) for part in lines))
 
     def line(values: Sequence[str]) -> str:
         parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
@@ -36,8 +39,22 @@ def render_text(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     if any(headers):  # a key/value table (all headers empty) has no header row
         out.append(line(list(headers)))
         out.append("  ".join("-" * w for w in widths))
-    out.extend(line(row) for row in cells)
+    for row in wrapped:
+        for k in range(max((len(lines) for lines in row), default=1)):
+            out.append(line([lines[k] if k < len(lines) else "" for lines in row]))
     return "\n".join(out)
+
+
+def _wrapped(text: str, numeric: bool, width: int | None) -> list[str]:
+    """A cell's lines: one, unless ``width`` is given and the text is longer or holds line
+    breaks; then its own breaks are kept and each line is wrapped at word boundaries (a word
+    longer than the width is cut). Numbers never wrap."""
+    if width is None or numeric or (len(text) <= width and "\n" not in text):
+        return [text]
+    lines: list[str] = []
+    for part in text.split("\n"):
+        lines.extend(textwrap.wrap(part, width, break_on_hyphens=False) or [""])
+    return lines
 
 
 def render_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:

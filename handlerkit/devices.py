@@ -4,19 +4,23 @@ Every device decision in handlerkit goes through the availability seams here
 (:func:`cuda_available`, :func:`xpu_available`, :func:`mps_available`, :func:`xla_available`),
 so a test fakes a CUDA, XPU, MPS or XLA machine by monkeypatching one function in this
 module, with no GPU at hand. :func:`choose_device` is TorchServe's rule; :func:`device_kind`,
-:func:`needs_sync` and :func:`synchronize` serve the timers.
+:func:`needs_sync` and :func:`synchronize` serve the timers; :func:`cpu_threads` says how many
+threads torch runs on how many cores, and whether the machine is busy enough to hurt timings.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CpuThreads",
     "DeviceChoice",
     "availability",
     "choose_device",
+    "cpu_threads",
     "cuda_available",
     "device_kind",
     "mps_available",
@@ -140,3 +144,51 @@ def synchronize(kind: str, device: Any = None) -> None:
         torch.xpu.synchronize(device)
     elif kind == "mps":
         torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class CpuThreads:
+    """torch's CPU threads against the cores this process may use and how busy they are."""
+
+    intra_op: int
+    inter_op: int
+    cores: int
+    load: float | None  # the 1-minute load average (None where the system does not say)
+
+    @property
+    def warning(self) -> str | None:
+        """Why timings will suffer, or None: more intra-op threads than cores, or a machine
+        busier than its cores with this process's threads on top (they wait for a core, and a
+        small op takes many times its work: a 3x3 softmax took 9.7 ms on such a machine)."""
+        if self.intra_op > self.cores:
+            return (
+                f"torch runs {self.intra_op} intra-op threads on {self.cores} usable core(s): they take turns, "
+                f"and timings measure the waiting; torch.set_num_threads({self.cores})"
+            )
+        if self.load is not None and self.intra_op > 1 and self.load >= self.cores + 1:
+            return (
+                f"torch runs {self.intra_op} intra-op threads on {self.cores} core(s) while the 1-minute load "
+                f"is {self.load:.1f}: its threads wait for busy cores, and small ops take many times their "
+                "work; time on a quieter machine, or torch.set_num_threads(1) for a small model"
+            )
+        return None
+
+    def __str__(self) -> str:
+        load = f", 1-minute load {self.load:.1f}" if self.load is not None else ""
+        return f"{self.intra_op} intra-op / {self.inter_op} inter-op threads, {self.cores} usable core(s){load}"
+
+
+def cpu_threads() -> CpuThreads:
+    """torch's intra- and inter-op thread counts, the cores this process may run on (its CPU
+    affinity where the system has one) and the 1-minute load average."""
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        load: float | None = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return CpuThreads(torch.get_num_threads(), torch.get_num_interop_threads(), cores, load)

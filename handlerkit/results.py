@@ -164,6 +164,12 @@ class Run(Rendered):
     def problems(self) -> list[Any]:
         return [p for r in self.stages.values() for p in r.problems]
 
+    @property
+    def ok(self) -> bool:
+        """No error among the problems: TorchServe would send this output (a run whose handler
+        raised has no Run: the StageError is raised)."""
+        return not any(p.severity == "error" for p in self.problems)
+
     def _summary(self) -> str:
         problems = self.problems
         verdict = f", {len(problems)} problem(s)" if problems else ""

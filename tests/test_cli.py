@@ -484,3 +484,11 @@ def test_long_work_shows_a_bar_unless_no_progress(capsys, monkeypatch):
     assert code == 0 and "timing ImageClassifier" in err and json.loads(out)["repeat"] == 2
     code, _, err = cli(capsys, "time", MODEL, CIRCLE, "--repeat", "2", "--warmup", "0", "--no-progress")
     assert code == 0 and err == ""
+
+
+def test_time_sweep_before_the_model_does_not_take_the_model_for_its_sizes(capsys):
+    code, data = cli_json(capsys, "time", "--sweep", MODEL, CIRCLE, "--repeat", "1", "--warmup", "0")
+    assert code == 0 and data["kind"] == "sweep" and [r["batch_size"] for r in data["rows"]] == [1, 2, 4, 8]
+    assert all(key == "batch_size" or key.endswith(("_ms", "_rps")) for key in data["rows"][0])  # units in keys
+    code, data = cli_json(capsys, "time", "--sweep", "1,2", MODEL, CIRCLE, "--repeat", "1", "--warmup", "0")
+    assert code == 0 and [r["batch_size"] for r in data["rows"]] == [1, 2]

@@ -214,3 +214,17 @@ def test_tf32_is_set_in_initialize_on_ampere(argmax_dir, fake_torch, setting, pr
     assert tf32["setting"] == setting and tf32["applied"] is True and tf32["capability"] == (8, 0)
     assert tf32["matmul"] == precision == torch.backends.cuda.matmul.fp32_precision
     assert torch.backends.cudnn.conv.fp32_precision == precision
+
+
+def test_cpu_threads_say_when_timings_will_suffer():
+    from handlerkit.devices import CpuThreads, cpu_threads
+
+    here = cpu_threads()
+    assert here.intra_op >= 1 and here.cores >= 1 and str(here).startswith(f"{here.intra_op} intra-op")
+    assert CpuThreads(2, 2, 2, 0.5).warning is None  # a quiet machine
+    assert CpuThreads(1, 1, 2, 9.0).warning is None  # one thread has no one to wait for
+    busy = CpuThreads(2, 2, 2, 3.2).warning
+    assert busy is not None and "1-minute load is 3.2" in busy and "torch.set_num_threads(1)" in busy
+    over = CpuThreads(8, 2, 2, 0.1).warning
+    assert over is not None and "8 intra-op threads on 2 usable core(s)" in over
+    assert CpuThreads(2, 2, 2, None).warning is None and "load" not in str(CpuThreads(2, 2, 2, None))

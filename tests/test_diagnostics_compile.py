@@ -398,3 +398,30 @@ def test_inductor_first_call_split(mlp_dir, tmp_path, monkeypatch):
     assert report.inductor_s > 0 and report.backend_s >= report.inductor_s
     assert report.compile_s >= report.backend_s and report.dynamo_s > 0
     assert report.graph_breaks == [] and len(report.graphs) == 1
+
+
+def test_a_compile_report_is_ok_without_an_error_a_failing_problem_or_a_recompile():
+    from handlerkit.contract import Problem
+    from handlerkit.diagnostics._compile_gate import GateResult
+
+    assert CompileReport(handler="H").ok  # nothing ran, nothing failed
+    assert not CompileReport(handler="H", error="backend 'nope' not found").ok
+    assert not CompileReport(handler="H", problems=[Problem("compile", "graph break")]).ok
+    assert CompileReport(handler="H", problems=[Problem("compile", "slow", severity="warning")]).ok
+    gate = [GateResult(1, "no recompile"), GateResult(4, "recompiles", "size mismatch", "mark_dynamic")]
+    assert not CompileReport(handler="H", gate=gate).ok
+    assert CompileReport(handler="H", gate=gate[:1]).ok
+
+
+def test_compile_tables_wrap_long_guards_and_fixes():
+    from handlerkit.contract import Problem
+    from handlerkit.diagnostics._compile_gate import GateResult
+
+    guard = "tensor 'L['x']' size mismatch at index 0. expected 2, actual 4; " * 6  # ~390 characters
+    fix = "mark the batch dimension dynamic: torch._dynamo.mark_dynamic(x, 0) before the first call " * 3
+    report = CompileReport(handler="H", gate=[GateResult(4, "recompiles", guard, fix)],
+                           problems=[Problem("compile", guard, fix)])
+    text = str(report)
+    assert max(len(line) for line in text.splitlines()) < 160  # was one line of ~700 characters
+    words = " ".join(text.split())
+    assert "expected 2, actual 4;" in words and "torch._dynamo.mark_dynamic(x, 0)" in words  # nothing lost

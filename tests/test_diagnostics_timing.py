@@ -133,8 +133,9 @@ def test_timing_report_renders_text_and_html() -> None:
 
 def test_timing_report_to_dict_is_json() -> None:
     d = json.loads(json.dumps(_report().to_dict()))
-    assert d["stages"]["inference"]["median"] == 6.0
-    assert d["end_to_end"]["p90"] == 10.0
+    assert d["stages"]["inference"]["median_ms"] == 6.0 and d["stages"]["inference"]["n"] == 2
+    assert d["end_to_end"]["p90_ms"] == 10.0
+    assert all(key == "n" or key.endswith("_ms") for key in d["stages"]["inference"])  # a unit in every key
     assert d["throughput_rps"] == pytest.approx(200.0)
     assert d["notes"] == ["a <b> note"]
 
@@ -143,7 +144,7 @@ def test_sweep_report_rows_and_throughput() -> None:
     sweep = SweepReport([_report(1, 1.0), _report(2, 1.5), _report(4, 2.5)])
     rows = sweep.rows
     assert [row["batch_size"] for row in rows] == [1, 2, 4]
-    assert rows[1]["inference"] == 9.0 and rows[1]["end_to_end_ms"] == 15.0
+    assert rows[1]["inference_ms"] == 9.0 and rows[1]["end_to_end_ms"] == 15.0
     assert [row["throughput_rps"] for row in rows] == pytest.approx([100.0, 2 / 0.015, 4 / 0.025])
     assert rows[2]["per_request_ms"] == pytest.approx(25.0 / 4)
     text = str(sweep)
@@ -157,7 +158,42 @@ def test_sweep_report_with_a_missing_stage_and_no_end_to_end() -> None:
     a = TimingReport.from_samples({"inference": [4.0]}, batch_size=1)
     b = TimingReport.from_samples({"preprocess": [1.0], "inference": [4.0]}, batch_size=2)
     rows = SweepReport([a, b]).rows
-    assert rows[0]["preprocess"] is None
+    assert rows[0]["preprocess_ms"] is None
     assert rows[1]["end_to_end_ms"] == 5.0  # sum of stage medians
     assert rows[1]["throughput_rps"] == pytest.approx(400.0)
     assert "preprocess ms" in str(SweepReport([a, b]))
+
+
+def test_timing_names_torchs_threads_and_warns_on_a_busy_machine(monkeypatch) -> None:
+    import warnings as warnings_module
+
+    import torch
+
+    import handlerkit as hk
+    from handlerkit import devices
+    from handlerkit.errors import HandlerkitWarning
+
+    class Double:
+        def preprocess(self, data):
+            return torch.tensor([row["body"] for row in data], dtype=torch.float32)
+
+        def inference(self, x):
+            return x * 2
+
+        def postprocess(self, y):
+            return y.tolist()
+
+        def handle(self, data, context):
+            return self.postprocess(self.inference(self.preprocess(data)))
+
+    h = hk.Harness(Double(), hk.MockContext())
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error", HandlerkitWarning)  # a quiet machine: no warning
+        monkeypatch.setattr(devices, "cpu_threads", lambda: devices.CpuThreads(2, 2, 2, 0.3))
+        quiet = h.time([{"body": [1.0]}], warmup=0, repeat=2, progress=False)
+    assert quiet.notes[0] == "torch: 2 intra-op / 2 inter-op threads, 2 usable core(s), 1-minute load 0.3"
+    monkeypatch.setattr(devices, "cpu_threads", lambda: devices.CpuThreads(2, 2, 2, 4.5))
+    with pytest.warns(HandlerkitWarning, match="1-minute load is 4.5: its threads wait for busy cores"):
+        busy = h.time([{"body": [1.0]}], warmup=0, repeat=2, progress=False)
+    assert any("1-minute load is 4.5" in note for note in busy.notes)
+    assert "torch threads" in str(h.device_report())

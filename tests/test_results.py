@@ -209,3 +209,11 @@ def test_summaries_are_computed_when_printed_never_during_a_run(monkeypatch):
     assert calls == []
     str(run)
     assert torch.Size([1, 3, 224, 224]) in calls
+
+
+def test_a_run_is_ok_when_no_problem_is_an_error():
+    assert not a_run().ok  # "not a list": TorchServe would answer 503
+    fine = Run(output=["a"], stages={"postprocess": StageResult("postprocess", output=["a"])}, batch_size=1)
+    assert fine.ok
+    warned = StageResult("postprocess", output=["a"], problems=[Problem("slow", "took long", "", "postprocess", severity="warning")])
+    assert Run(output=["a"], stages={"postprocess": warned}, batch_size=1).ok

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         _refuse_unknown_command(parser, argv)
+        argv = _optional_values_last(parser, argv)
         args, extra = parser.parse_known_args(argv)
         if extra:
             _refuse_extra(args, extra, parser)
@@ -134,6 +136,35 @@ def _refuse_unknown_command(parser: argparse.ArgumentParser, argv: Sequence[str]
         parser.error(
             f"unknown command {argv[0]!r}{suggestion(argv[0], names, prefix=True)}; the commands are {', '.join(names)}"
         )
+
+
+def _optional_values_last(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """An option whose value is optional (``--sweep [SIZES]``) takes the next word whatever it
+    is: ``handlerkit time --sweep MODEL FILE`` would read MODEL as SIZES. Where the next word is
+    no value of the option (its type refuses it), the option moves to the end of the line, where
+    it takes its default, and MODEL stays MODEL. Only a word that names a file or a directory moves
+    it: ``--sweep 0,2`` still fails on its value, ``--sweep=SIZES`` and ``--sweep 1,2`` are kept."""
+    command = (parser.get_default("subparsers") or {}).get(argv[0]) if argv else None
+    if command is None:
+        return argv
+    optional = {
+        option: action
+        for action in command._actions
+        if action.nargs == "?" and callable(action.type)
+        for option in action.option_strings
+    }
+    out = list(argv)
+    for i, word in enumerate(argv[:-1]):
+        action = optional.get(word)
+        following = argv[i + 1]
+        if action is None or following.startswith("-") or not os.path.exists(following):
+            continue
+        try:
+            action.type(following)
+        except (argparse.ArgumentTypeError, TypeError, ValueError):
+            out.remove(word)
+            out.append(word)
+    return out
 
 
 def _refuse_extra(args: argparse.Namespace, extra: Sequence[str], parser: argparse.ArgumentParser) -> NoReturn:

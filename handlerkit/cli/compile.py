@@ -56,8 +56,5 @@ def command(args: argparse.Namespace) -> Outcome:
         report = model.harness.compile_report(
             batch, batch_sizes=args.batch_sizes, repeat=args.repeat, warmup=args.warmup, progress=args.progress
         )
-        failed = (
-            report.gate_ok is False or report.error is not None or any(p.severity == "error" for p in report.problems)
-        )
-        data = {"model": model.label, **jsonable(report.to_dict()), "ok": not failed}
-        return Outcome(FAILED if failed else OK, f"{header(model)}\n{report}", data)
+        data = {"model": model.label, **jsonable(report.to_dict()), "ok": report.ok}
+        return Outcome(OK if report.ok else FAILED, f"{header(model)}\n{report}", data)

@@ -114,6 +114,14 @@ class CompileReport(Rendered):
     notes: list[str] = field(default_factory=list)
 
     @property
+    def ok(self) -> bool:
+        """No compile error, no error among the problems, and no batch size of the gate that
+        recompiles: what ``handlerkit compile`` exits 0 on."""
+        return (
+            self.gate_ok is not False and self.error is None and not any(p.severity == "error" for p in self.problems)
+        )
+
+    @property
     def graphs(self) -> list[CompiledFrame]:
         """The compiled frames that captured an FX graph."""
         return [f for f in self.frames if f.graph_ops is not None]
@@ -209,26 +217,35 @@ class CompileReport(Rendered):
                 ("reason", "at", "source", "hint", "code", "docs", "seen"),
                 [[b.reason, b.where, b.source, b.hint, b.code, b.doc_url, b.count] for b in self.graph_breaks],
                 "graph breaks",
+                wrap=_WRAP_MANY,
             ),
             Table(
                 ("compile id", "function", "reason"),
                 [[r.compile_id, r.function, r.reason] for r in self.recompiles],
                 "recompiles",
+                wrap=_WRAP,
             ),
             Table(
                 ("batch size", "outcome", "guard / error", "fix"),
                 [[g.batch_size, g.outcome, g.reason, g.fix] for g in self.gate],
                 "recompile gate",
+                wrap=_WRAP,
             ),
             Table(
                 ("severity", "check", "problem", "fix"),
                 [[p.severity, p.check, p.message, p.fix] for p in self.problems],
                 "problems",
+                wrap=_WRAP,
             ),
         ]
 
     def _notes(self) -> list[str]:
         return list(self.notes)
+
+
+# Guards, reasons and fixes run to hundreds of characters: their tables wrap them in plain text
+# (the graph-break table has seven columns, so narrower).
+_WRAP, _WRAP_MANY = 60, 36
 
 
 # ---------------------------------------------------------------------------- running

@@ -9,6 +9,7 @@ from typing import Any
 
 from handlerkit import devices as _devices
 from handlerkit._render import Rendered, Table
+from handlerkit.devices import CpuThreads
 from handlerkit.diagnostics._view import HarnessView
 
 __all__ = [
@@ -80,6 +81,7 @@ class DeviceReport(Rendered):
     stage_devices: dict[str, list[str]]
     copies: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    threads: CpuThreads | None = None  # torch's CPU threads, the cores and the load
 
     def rows(self) -> list[tuple[str, Any]]:
         rows: list[tuple[str, Any]] = [
@@ -105,6 +107,10 @@ class DeviceReport(Rendered):
             rows.append((f"{stage} tensors", ", ".join(devices) or "none"))
         for copy in self.copies:
             rows.append(("copy in inference", copy))
+        if self.threads is not None:
+            rows.append(("torch threads", str(self.threads)))
+            if self.threads.warning:
+                rows.append(("threads", self.threads.warning))
         for w in self.warnings:
             rows.append(("warning", w))
         return rows
@@ -160,6 +166,7 @@ def build_device_report(harness: HarnessView) -> DeviceReport:
         placement=placement,
         stage_devices=stage_devices,
         copies=_inference_copies(harness),
+        threads=_devices.cpu_threads(),
     )
     model_devices = {key.split(" ")[0] for where in placement.values() for key in where}
     if len(model_devices) > 1:

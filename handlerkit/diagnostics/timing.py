@@ -20,10 +20,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from handlerkit import devices
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
+from handlerkit._stack import user_stacklevel
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs
+from handlerkit.errors import HandlerkitWarning
 
 __all__ = [
     "END_TO_END",
@@ -70,8 +73,8 @@ class TimingStats:
     total: float
 
     def to_dict(self) -> dict[str, float]:
-        """The fields as a plain dict."""
-        return asdict(self)
+        """The fields as a plain dict, each key with its unit: ``n``, ``min_ms`` … ``total_ms``."""
+        return {key if key == "n" else f"{key}_ms": value for key, value in asdict(self).items()}
 
 
 def summarize(samples: Iterable[float]) -> TimingStats:
@@ -294,14 +297,14 @@ class SweepReport(Rendered):
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per batch size: ``batch_size``, each stage's median ms, ``end_to_end_ms``,
-        ``per_request_ms`` and ``throughput_rps``."""
+        """One dict per batch size: ``batch_size``, each stage's median (``<stage>_ms``),
+        ``end_to_end_ms``, ``per_request_ms`` and ``throughput_rps``."""
         out = []
         for r in self.reports:
             e2e = r.end_to_end.median if r.end_to_end is not None else sum(s.median for s in r.stages.values())
             row: dict[str, Any] = {"batch_size": r.batch_size}
             for name in self.stage_names:
-                row[name] = r.stages[name].median if name in r.stages else None
+                row[f"{name}_ms"] = r.stages[name].median if name in r.stages else None
             row["end_to_end_ms"] = e2e
             row["per_request_ms"] = e2e / r.batch_size if r.batch_size else None
             row["throughput_rps"] = r.batch_size / (e2e / 1000.0) if e2e > 0 else None
@@ -354,6 +357,7 @@ def time_stages(
     ``progress``: a bar (see :mod:`handlerkit._progress`; None lets the environment decide),
     or an open :class:`~handlerkit._progress.Bar` to advance (a sweep's).
     """
+    threads = devices.cpu_threads()  # before the runs: the load the machine had without them
     with diagnostic_runs(harness), warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.simplefilter("ignore")
         shown = (
@@ -366,7 +370,10 @@ def time_stages(
         )
     handler = harness.handler
     device = getattr(handler, "device", None) or "cpu"
-    notes = []
+    notes = [f"torch: {threads}"]
+    if threads.warning:
+        notes.append(threads.warning)
+        warnings.warn(f"handlerkit: {threads.warning}", HandlerkitWarning, stacklevel=user_stacklevel())
     compiled = getattr(getattr(getattr(handler, "decisions", None), "compile", None), "applied", False)
     if compiled and warmup < 1:
         notes.append("the model is compiled and warmup is 0: the first pass includes compilation")
