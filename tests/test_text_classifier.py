@@ -75,6 +75,48 @@ def test_torchserves_text_classifier_gives_the_same_answers_on_the_same_weights(
 
 
 @pytest.mark.torchserve
+@pytest.mark.parametrize("named_by_manifest", [False, True], ids=["source_vocab.pt", "sourceVocab"])
+def test_a_model_dir_made_as_torchserves_example_makes_it_answers_as_torchserve(
+    torchserve_dir, tmp_path, named_by_manifest
+):
+    """pytorch/serve's examples/text_classification archives model.py, model.pt,
+    index_to_name.json and source_vocab.pt (or names the file with the manifest's sourceVocab):
+    no vocab.txt. handlerkit's text_classifier loads that dir and answers as TorchServe's."""
+    from ts.torch_handler.text_classifier import TextClassifier as TsTextClassifier
+
+    model_dir = tmp_path / "my_text_classifier"
+    shutil.copytree(torchserve_dir, model_dir)
+    (model_dir / "vocab.txt").unlink()
+    if named_by_manifest:
+        (model_dir / "source_vocab.pt").rename(model_dir / "news_vocab.pt")
+        manifest_path = model_dir / "MAR-INF" / "MANIFEST.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest["model"]["sourceVocab"] = "news_vocab.pt"
+        manifest_path.write_text(json.dumps(manifest))
+    mine = hk.Harness("text_classifier", hk.MockContext.from_model_dir(model_dir))
+    assert "vocabulary" in " ".join(mine.initialize().output.notes)
+    handler = TsTextClassifier()
+    theirs = hk.Harness(handler, hk.MockContext.from_model_dir(model_dir))
+    theirs.initialize()
+    handler.source_vocab = collections.defaultdict(int, handler.source_vocab)  # torchtext's default index
+    with pytest.warns(UserWarning, match="Implicit dimension choice for softmax"):
+        for text in [item["text"] for item in HELD_OUT[::8]] + ["unknown zzz words"]:
+            [reference] = theirs.run(hk.batch(hk.Request.text(text))).output
+            [answer] = mine.run(hk.batch(hk.Request.text(text))).output
+            assert answer == pytest.approx(reference, abs=1e-6)
+
+
+def test_a_model_dir_without_any_vocabulary_names_every_place_looked(tmp_path):
+    model_dir = tmp_path / "bare"
+    shutil.copytree(MODEL_DIR, model_dir)
+    (model_dir / "vocab.txt").unlink()
+    h = hk.Harness("text_classifier", hk.MockContext.from_model_dir(model_dir))
+    with pytest.raises(hk.StageError, match=r"no vocabulary: looked for .*vocab\.txt, .*source_vocab\.pt") as info:
+        h.initialize()
+    assert "--extra-files source_vocab.pt" in info.value.fix
+
+
+@pytest.mark.torchserve
 def test_explanations_have_torchserves_keys(h, torchserve_dir, caplog):
     from ts.torch_handler.text_classifier import TextClassifier as TsTextClassifier
 
@@ -275,7 +317,7 @@ def test_a_missing_vocabulary_names_torchserves_file(model_copy):
     (model_copy / "vocab.txt").unlink()
     (model_copy / "source_vocab.pt").write_bytes(b"pickled torchtext")
     h2 = hk.Harness("text_classifier", hk.MockContext.from_model_dir(model_copy))
-    with pytest.raises(hk.StageError, match="source_vocab.pt is TorchServe's pickled torchtext Vocab") as info:
+    with pytest.raises(hk.StageError, match=r"source_vocab.pt is not a plain mapping .*needs torchtext to be read") as info:
         h2.initialize()
     assert "get_itos" in info.value.fix and not h2.handler.initialized and h2.handler.model is None
 

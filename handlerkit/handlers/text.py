@@ -20,12 +20,10 @@ is expanded only as a whole word, longest first (TorchServe's pattern matches in
 ``visit's`` → ``visit is`` — and stops at ``can't`` in ``can't've``), and ``'cause`` gives
 ``because`` (TorchServe's keeps the apostrophe for the first letter: ``ecause``).
 
-**The vocabulary file** (``vocab.txt`` in the model dir, or ``handler: {vocab: <file>}``):
-UTF-8, one entry per line; the line number, counted from 0, is the entry's row in the model's
-embedding. The first line (row 0) is the entry for everything not in the file (conventionally
-``<unk>``); an n-gram entry is its words joined by one space (``new york``). No blank lines, no duplicates,
-no surrounding spaces. TorchServe's ``source_vocab.pt`` is a pickled torchtext ``Vocab``,
-which cannot be loaded without torchtext: write its ``get_itos()`` one per line instead.
+**The vocabulary** (:mod:`handlerkit.handlers.vocabulary`): ``vocab.txt`` in the model dir (or
+``handler: {vocab: <file>}``), one entry per line in row order, the unknown entry first; where
+there is none, TorchServe's own: the manifest's ``sourceVocab``, else ``source_vocab.pt`` (a
+mapping entry → row, or a pickled torchtext vocabulary).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ import re
 import string
 import unicodedata
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -46,6 +44,7 @@ from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning, M
 from handlerkit.handlers._contractions import CONTRACTIONS
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
 from handlerkit.handlers.request_errors import fail, payload_kind, refuse
+from handlerkit.handlers.vocabulary import Vocabulary, load_source_vocab
 
 __all__ = [
     "TextBatch",
@@ -137,77 +136,6 @@ def ngrams(tokens: Sequence[str], n: int) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------- vocabulary
-class Vocabulary:
-    """Entry ↔ embedding row; anything unknown maps to row 0 (module docstring: the file).
-
-    ``vocab[entry]`` gives the row as torchtext's ``Vocab`` with a default index does, so a
-    TorchServe handler written against ``self.source_vocab[token]`` keeps working.
-    """
-
-    unk_index = 0
-
-    def __init__(self, entries: Iterable[str], path: str | None = None):
-        self.itos: list[str] = list(entries)
-        self.path = path
-        self.stoi: dict[str, int] = {}
-        problems = []
-        for i, entry in enumerate(self.itos):
-            if not entry or entry != " ".join(entry.split()):
-                problems.append(f"line {i + 1}: {entry!r} is blank or has extra spaces")
-            elif entry in self.stoi:
-                problems.append(f"line {i + 1}: {entry!r} repeats line {self.stoi[entry] + 1}")
-            else:
-                self.stoi[entry] = i
-        if not self.itos:
-            problems.append("it has no entries (the first line must be the unknown entry, e.g. <unk>)")
-        if problems:
-            where = path or "the vocabulary"
-            raise ModelLoadError(
-                f"{where}: "
-                + "; ".join(problems[:5])
-                + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
-                path=path,
-                fix="write one entry per line, each once, words separated by one space; the first line is the unknown entry",
-            )
-        #: The most words in one entry: the vocabulary's n-gram order.
-        self.max_words = max(len(entry.split(" ")) for entry in self.itos)
-
-    @classmethod
-    def from_file(cls, path: str) -> Vocabulary:
-        """Read a vocabulary file (UTF-8, one entry per line)."""
-        try:
-            with open(path, encoding="utf-8", newline="") as f:
-                text = f.read()
-        except UnicodeDecodeError as exc:
-            raise ModelLoadError(f"{path} is not UTF-8 ({exc})", path=path, fix="save it as UTF-8") from exc
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()  # the final newline
-        return cls([line.removesuffix("\r") for line in lines], path=path)
-
-    def to_text(self) -> str:
-        """The file's content: one entry per line, a final newline."""
-        return "".join(entry + "\n" for entry in self.itos)
-
-    def __len__(self) -> int:
-        return len(self.itos)
-
-    def __getitem__(self, entry: str) -> int:
-        return self.stoi.get(entry, self.unk_index)
-
-    def __contains__(self, entry: object) -> bool:
-        return entry in self.stoi
-
-    def lookup(self, entries: Iterable[str]) -> list[int]:
-        """The rows of ``entries``, unknown ones as row 0."""
-        get, unk = self.stoi.get, self.unk_index
-        return [get(entry, unk) for entry in entries]
-
-    def __repr__(self) -> str:
-        return f"Vocabulary({len(self)} entries, up to {self.max_words}-word entries, unknown={self.itos[0]!r})"
-
-
 # ---------------------------------------------------------------------------- batches
 class TextBatch(NamedTuple):
     """What :meth:`TextHandler.preprocess` gives: EmbeddingBag input for the requests that could
@@ -279,22 +207,7 @@ class TextHandler(BaseHandler):
         name = settings.get("vocab", cls.vocab_file)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"handler.vocab must be a file name, got {name!r}", fix="write e.g. vocab: vocab.txt")
-        model_dir = context.system_properties.get("model_dir") or "."
-        path = os.path.join(model_dir, name)
-        if not os.path.isfile(path):
-            legacy = os.path.join(model_dir, "source_vocab.pt")
-            extra = (
-                f"; {legacy} is TorchServe's pickled torchtext Vocab, which cannot be read without torchtext"
-                if os.path.isfile(legacy)
-                else ""
-            )
-            raise ModelLoadError(
-                f"no vocabulary file at {path}{extra}",
-                path=path,
-                fix="write the vocabulary one entry per line, the unknown entry (<unk>) first, as "
-                "vocab.txt in the model dir (from torchtext: '\\n'.join(vocab.get_itos()))",
-            )
-        vocab = Vocabulary.from_file(path)
+        vocab, path = self._load_vocabulary(context, name, explicit="vocab" in settings)
         rows = _embedding_rows(self.model)
         if rows is not None and len(vocab) > rows:
             raise ModelLoadError(
@@ -305,7 +218,7 @@ class TextHandler(BaseHandler):
         self.source_vocab = vocab
         note = (
             f"vocabulary {path}: {len(vocab)} entries, up to {vocab.max_words}-word entries, "
-            f"unknown {vocab.itos[0]!r}; ngrams={self.ngrams}; max_text_chars={self.max_text_chars}"
+            f"unknown {vocab.itos[vocab.unk_index]!r}; ngrams={self.ngrams}; max_text_chars={self.max_text_chars}"
         )
         decisions.notes.append(note)
         if vocab.max_words != self.ngrams:
@@ -321,6 +234,30 @@ class TextHandler(BaseHandler):
                 HandlerkitWarning,
                 stacklevel=user_stacklevel(),
             )
+
+    def _load_vocabulary(self, context: Any, name: str, *, explicit: bool) -> tuple[Vocabulary, str]:
+        """``name`` in the model dir; where there is none (and it was not asked for by name),
+        TorchServe's: the manifest's ``sourceVocab`` (relative to the model dir, where the worker
+        runs), else ``source_vocab.pt``. Raises ModelLoadError naming every place looked."""
+        model_dir = context.system_properties.get("model_dir") or "."
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            return Vocabulary.from_file(path), path
+        looked = [path]
+        if not explicit:
+            source = ((getattr(context, "manifest", None) or {}).get("model") or {}).get("sourceVocab")
+            for candidate in ([os.path.join(model_dir, source)] if source else []) + [
+                os.path.join(model_dir, "source_vocab.pt")
+            ]:
+                if os.path.isfile(candidate):
+                    return load_source_vocab(candidate), candidate
+                looked.append(candidate)
+        raise ModelLoadError(
+            "no vocabulary: looked for " + ", ".join(dict.fromkeys(looked)),
+            path=path,
+            fix="write the vocabulary one entry per line, the unknown entry (<unk>) first, as vocab.txt in the "
+            "model dir, or archive TorchServe's source_vocab.pt with the model (--extra-files source_vocab.pt)",
+        )
 
     # -------------------------------------------------------------- one request
     def read_text(self, row: Any, index: int) -> str:
