@@ -1,5 +1,7 @@
-"""What the hk.show tests share: the real shapes classifier run on four fixture images, and
-ways to read what a panel or a figure holds (the test modules mirror ``handlerkit/viz/``)."""
+"""What the hk.show tests share: the real shapes classifier run on four fixture images, the
+issue's tabular handler (a TorchServe ``BaseHandler``: JSON features in, label and probability
+out) run on three requests, and ways to read what a panel or a figure holds (the test modules
+mirror ``handlerkit/viz/``)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,37 @@ CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
 IMAGES = ROOT / "fixtures" / "images"
 NAMES = ("circle.png", "star.jpg", "square.png", "triangle.png")
 
+TABULAR_MODEL_PY = """
+import torch
+
+
+class TabularModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.linear(x)
+"""
+
+TABULAR_HANDLER_PY = """
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class TabularHandler(BaseHandler):
+    def preprocess(self, data):
+        bodies = [row.get("data") or row.get("body") for row in data]
+        return torch.tensor([body["features"] for body in bodies], dtype=torch.float32)
+
+    def postprocess(self, data):
+        top, index = torch.softmax(data, dim=1).max(dim=1)
+        return [{"label": self.mapping[str(i)], "probability": round(p, 4)}
+                for i, p in zip(index.tolist(), top.tolist())]
+"""
+SPECIES = ("setosa", "versicolor", "virginica")
+FEATURES = ([5.1, 3.5, 1.4, 0.2], [6.2, 2.9, 4.3, 1.3], [7.7, 3.0, 6.1, 2.3])
+
 
 @pytest.fixture(scope="module")
 def classifier() -> SimpleNamespace:
@@ -32,6 +65,20 @@ def classifier() -> SimpleNamespace:
     pixels = run.stages["preprocess"].output
     probs = torch.softmax(run.stages["inference"].output, dim=1)
     return SimpleNamespace(h=h, run=run, pixels=pixels, probs=probs, handler=h.handler)
+
+
+@pytest.fixture(scope="module")
+def tabular(tmp_path_factory) -> SimpleNamespace:
+    """The issue's tabular handler, a ``ts.torch_handler.base_handler.BaseHandler`` subclass
+    (needs torchserve: mark the test ``torchserve``), run on the three rows of ``FEATURES``."""
+    from conftest import eager_manifest, write_model_dir
+
+    model_dir = write_model_dir(tmp_path_factory.mktemp("tabular"), TABULAR_MODEL_PY, labels=list(SPECIES),
+                                manifest=eager_manifest(modelName="tabular", handler="handler.py"))
+    (model_dir / "handler.py").write_text(TABULAR_HANDLER_PY)
+    h = hk.Harness("handler.py", hk.MockContext.from_model_dir(str(model_dir)))
+    run = h.run(hk.batch(*(hk.Request.json({"features": row}) for row in FEATURES)))
+    return SimpleNamespace(h=h, run=run)
 
 
 def shape_masks(pixels: torch.Tensor, handler) -> torch.Tensor:

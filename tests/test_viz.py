@@ -7,7 +7,7 @@ Golden images (tests/golden/*.png) are compared with matplotlib's ``compare_imag
 tolerance ``TOL``) under the Agg backend, a fixed style and font. Regenerate them, after a
 change that is meant to alter the pictures, with::
 
-    HANDLERKIT_REGEN_GOLDEN=1 python -m pytest -p no:nbval tests/test_viz.py -k golden
+    HANDLERKIT_REGEN_GOLDEN=1 python -m pytest tests/test_viz.py -k golden
 
 and look at every changed file before committing it.
 """
@@ -15,6 +15,7 @@ and look at every changed file before committing it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import subprocess
@@ -25,12 +26,13 @@ from types import SimpleNamespace
 
 import matplotlib
 import matplotlib.style
+import numpy as np
 import pytest
 import torch
 
 import handlerkit as hk
 from _strict import Strict
-from _viz import classifier  # noqa: F401 (a fixture)
+from _viz import classifier, tabular  # noqa: F401 (fixtures)
 from _viz import CLASSIFIER, IMAGES, NAMES, ROOT, drawn_images, kinds, panels, shape_masks, texts
 from handlerkit import viz
 from handlerkit.errors import HandlerkitError
@@ -63,7 +65,7 @@ def check_golden(name: str, make, tmp_path: Path) -> None:
         shutil.copyfile(actual, expected)
         return
     if not expected.exists():
-        pytest.fail(f"no golden image {expected}: run HANDLERKIT_REGEN_GOLDEN=1 python -m pytest -p no:nbval "
+        pytest.fail(f"no golden image {expected}: run HANDLERKIT_REGEN_GOLDEN=1 python -m pytest "
                     "tests/test_viz.py -k golden, look at it, commit it")
     difference = compare_images(str(expected), str(actual), tol=TOL)
     assert difference is None, difference
@@ -91,10 +93,39 @@ def test_golden_feature_maps(classifier, tmp_path):
     check_golden("feature_maps", lambda: viz.show(seen[0], title="first conv block"), tmp_path)
 
 
-def test_golden_histogram(classifier, tmp_path):
-    values = classifier.pixels.flatten()
+def test_golden_histogram(tmp_path):
+    """Integers without a vocabulary: the four photos' 8-bit pixel values (floats in a row are a signal)."""
+    from PIL import Image
+
+    values = torch.cat([torch.from_numpy(np.array(Image.open(IMAGES / name).convert("RGB"))).flatten()
+                        for name in NAMES])
     assert kinds(values) == ["histogram"]
-    check_golden("histogram", lambda: viz.show(values, title="preprocessed pixel values"), tmp_path)
+    check_golden("histogram", lambda: viz.show(values, title="8-bit pixel values of the four photos"), tmp_path)
+
+
+@pytest.mark.torchserve
+def test_golden_tabular_run(tabular, tmp_path):
+    """The issue's tabular handler: its input features as a table of values, the model's scores as
+    bars labelled with the species, the answers as a table."""
+    assert kinds(tabular.run) == ["heatmap", "bars", "table"]
+    check_golden("tabular_run", lambda: viz.show(tabular.run), tmp_path)
+
+
+def test_golden_signal(tmp_path):
+    """Two audio-like rows ([N, 1, T]) of 8,000 samples: a line each, drawn from their min/max envelope."""
+    t = torch.arange(8000, dtype=torch.float32) / 8000
+    decaying = torch.sin(2 * math.pi * 6 * t) * torch.exp(-3 * t) + 0.1 * torch.sin(2 * math.pi * 400 * t)
+    saw = 2 * (t * 5 % 1) - 1
+    signals = torch.stack([decaying, saw]).unsqueeze(1)
+    assert kinds(signals) == ["lines"]
+    check_golden("signal", lambda: viz.show(signals, title="two signals"), tmp_path)
+
+
+def test_golden_decoded_images(tmp_path):
+    """What an image-to-image handler answers: encoded images (PNG and JPEG bytes), decoded."""
+    answers = [(IMAGES / name).read_bytes() for name in NAMES]
+    assert kinds(answers) == ["images"]
+    check_golden("decoded_images", lambda: viz.show(answers), tmp_path)
 
 
 def test_golden_segmentation(classifier, tmp_path):
@@ -169,21 +200,35 @@ def test_a_run_is_titled_with_its_batch_size_and_a_title_overrides_it(classifier
     assert viz.show(classifier.pixels).get_suptitle() == "Tensor[4, 3, 224, 224] float32 cpu"  # the panel's own
 
 
-@pytest.mark.parametrize("value", ["text", 3, None, b"bytes", object()], ids=["str", "int", "None", "bytes", "object"])
-def test_a_value_without_tensors_is_a_clear_error(value):
-    with pytest.raises(HandlerkitError, match=r"show\(\) draws tensors, StageResults, Runs .*: got ") as info:
-        viz.show(value)
-    assert info.value.fix and "h.run(batch)" in info.value.fix
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (3, "3 is a single number"),
+        (None, "the value is None"),
+        (b"bytes", "5 bytes that PIL cannot read as an image"),
+        (object(), "a value of type object is not a tensor, an array, image bytes, text or JSON data"),
+        ([], "it is empty"),
+        ({"a": object()}, "none of its items is a tensor, an array, image bytes, text or JSON data"),
+        (torch.tensor(1.5), "a single value has nothing to plot (it is above)"),
+    ],
+    ids=["int", "None", "bytes", "object", "empty-list", "dict-of-objects", "0-d"],
+)
+def test_a_value_without_a_picture_is_its_summary_card_saying_why(value, why):
+    fig = viz.show(value)
+    (panel,) = panels(value)
+    assert panel.kind == "card" and panel.data["lines"][-1] == f"No picture: {why}."
+    assert panel.data["lines"][:-1] == hk.summary(value).splitlines()
+    assert f"No picture: {why}." in texts(fig)
 
 
-def test_a_list_without_tensors_says_so():
-    with pytest.raises(HandlerkitError, match=r"got list\[2\] of str, which holds no tensor"):
-        viz.show(["a", "b"])
+def test_a_list_of_strings_is_a_table_and_a_structure_too_deep_a_card():
+    assert kinds(["a", "b"]) == ["table"]
     deep: list = []
     for _ in range(5000):  # deeper than Python's recursion limit
         deep = [deep, 1]
-    with pytest.raises(HandlerkitError, match="which holds no tensor"):
-        viz.show(deep)
+    (panel,) = panels(deep)
+    assert panel.kind == "card" and panel.data["lines"][-1].startswith("No picture: none of its items")
+    viz.show(deep).canvas.draw()
 
 
 def test_bad_arguments_are_type_and_value_errors():
@@ -220,19 +265,25 @@ def test_odd_values_draw_without_errors_from_matplotlib(make):
 
 def test_a_huge_tensor_draws_a_bounded_number_of_pixels_and_values():
     from handlerkit.viz.histogram import HIST_BINS, HIST_SAMPLE
+    from handlerkit.viz.lines import MAX_POINTS
     from handlerkit.viz.panel import MAX_SIDE
 
     big = viz.show(torch.rand(4000, 4000))
     assert max(max(a.shape[:2]) for a in drawn_images(big)) <= MAX_SIDE
     volume = viz.show(torch.rand(4, 64, 256, 256))  # 16M values: 16 channels of sample 0
     assert max(max(a.shape[:2]) for a in drawn_images(volume)) <= MAX_SIDE
-    panel = panels(torch.rand(3 * 10**6))[0]
+    panel = panels(torch.randint(0, 1000, (3 * 10**6,)))[0]
     assert len(panel.data["counts"]) == HIST_BINS and panel.data["counts"].sum() <= HIST_SAMPLE
+    signal = viz.show(torch.rand(3 * 10**6))  # one line of at most MAX_POINTS points
+    assert [len(line.get_xdata()) for ax in signal.get_axes() for line in ax.lines] == [MAX_POINTS]
     video = panels(torch.rand(2, 30, 3, 64, 64), max_images=4)[0]  # 5-d, max_images=4
     assert video.kind == "images" and any("of a 5-d tensor" in n for n in video.notes)
     assert video.data["grid"].shape[:2] == (2 * 66 + 2, 2 * 66 + 2)  # 4 images of 64, padded
-    logits = viz.show(StageResult("inference", output=torch.randn(100, 50_000)), top_k=3)  # a vocabulary's scores
+    words = SimpleNamespace(mapping={str(i): f"w{i}" for i in range(50_000)})  # a vocabulary's scores
+    logits = viz.show(StageResult("inference", output=torch.randn(100, 50_000), source=words), top_k=3)
     assert sum(len(ax.patches) for ax in logits.get_axes()) == 8 * 3  # 8 rows at most
+    unlabelled = viz.show(StageResult("inference", output=torch.randn(100, 50_000)))  # no mapping: a heat map
+    assert max(max(a.shape[:2]) for a in drawn_images(unlabelled)) <= MAX_SIDE
 
 
 def test_an_unforeseen_failure_names_what_came(monkeypatch):
@@ -241,7 +292,7 @@ def test_an_unforeseen_failure_names_what_came(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a torch op refused")
 
-    monkeypatch.setattr(dispatch, "histogram_panel", broken)
+    monkeypatch.setattr(dispatch, "lines_panel", broken)
     message = r"could not draw Tensor\[1000\] float32 cpu: RuntimeError: a torch op"
     with pytest.raises(HandlerkitError, match=message) as info:
         viz.show(torch.randn(1000))

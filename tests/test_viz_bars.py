@@ -11,6 +11,7 @@ import torch
 from _viz import classifier  # noqa: F401 (a fixture)
 from _viz import NAMES, texts
 from handlerkit import viz
+from handlerkit.results import StageResult
 from handlerkit.viz.bars import MAX_BAR_SAMPLES, bars_panel, dict_bars_panel, values_panel
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.panel import Context
@@ -53,11 +54,14 @@ def test_bars_show_at_most_eight_rows_and_nan_scores_last():
     assert labels == ["2", "1", "0"]  # no mapping: the index
 
 
-def test_values_keep_their_order_and_take_labels_when_the_mapping_fits():
-    panel = values_panel(torch.tensor([3.0, -1.0, 2.0]), Context(MAPPING), "v")
-    assert panel.data["samples"] == [(["cat", "dog", "fox"], [3.0, -1.0, 2.0])] and panel.data["unit"] is False
-    labels, _ = values_panel(torch.tensor([1.0, 2.0]), Context(MAPPING), "v").data["samples"][0]
-    assert labels == ["[0]", "[1]"]
+def test_values_keep_their_order_and_are_labelled_by_position_never_by_class():
+    panel = values_panel(torch.tensor([3.0, -1.0, 2.0]), "v")
+    assert panel.data["samples"] == [(["[0]", "[1]", "[2]"], [3.0, -1.0, 2.0])] and panel.data["unit"] is False
+    three = SimpleNamespace(mapping=["cat", "dog", "fox"])
+    features = StageResult("preprocess", output=torch.tensor([5.1, 3.5, 1.4]), source=three)
+    (ax,) = viz.show(features).get_axes()  # three features, three classes: still the features
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["[0]", "[1]", "[2]"]
+    assert [round(p.get_width(), 1) for p in ax.patches] == [5.1, 3.5, 1.4]
 
 
 def test_score_dicts_are_ranked_top_k():

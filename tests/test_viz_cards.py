@@ -1,11 +1,13 @@
-"""handlerkit/viz/cards.py: text panels, and a failed stage's card naming the original error and
-its fix."""
+"""handlerkit/viz/cards.py: text panels, a value's summary card ending in why it has no picture,
+and a failed stage's card naming the original error and its fix."""
 
 from __future__ import annotations
 
+import torch
+
 from handlerkit.errors import StageError
 from handlerkit.results import StageResult
-from handlerkit.viz.cards import MAX_LINES, card, error_card
+from handlerkit.viz.cards import MAX_LINES, card, error_card, summary_card
 
 
 def test_a_card_holds_at_most_max_lines_and_grows_with_them():
@@ -24,3 +26,15 @@ def test_an_error_card_names_the_original_exception_and_keeps_the_fix():
     assert any("resize the images to 224" in line for line in panel.data["lines"])
     bare = error_card(StageResult("handle", error=StageError("handle failed", stage="handle")))
     assert bare.title == "handle failed: StageError"
+
+
+def test_a_summary_card_is_the_value_s_summary_and_one_sentence_saying_why():
+    panel = summary_card("postprocess output", [{"x": torch.zeros(2)}], "it is a test")
+    assert panel.title == "postprocess output"
+    assert panel.data["lines"] == [
+        "list[1] of dict(1 keys)",
+        "  [0]['x']: Tensor[2] float32 cpu n=2 (8 B) min=0 max=0 mean=0 std=0 all zeros",
+        "No picture: it is a test.",
+    ]
+    many = summary_card("t", [torch.zeros(1)] * 100, "many")  # the sentence survives the line limit
+    assert len(many.data["lines"]) == MAX_LINES and many.data["lines"][-1] == "No picture: many."

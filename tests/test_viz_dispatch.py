@@ -3,6 +3,8 @@ Runs (the table in the module's docstring)."""
 
 from __future__ import annotations
 
+import io
+import math
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -11,8 +13,9 @@ import pytest
 import torch
 
 import handlerkit as hk
-from _viz import classifier  # noqa: F401 (a fixture)
-from _viz import NAMES, ROOT, kinds, panels, shape_masks, texts
+from _viz import classifier, tabular  # noqa: F401 (fixtures)
+from _viz import FEATURES, NAMES, ROOT, SPECIES, kinds, panels, shape_masks, texts
+from conftest import png_bytes
 from handlerkit import viz
 from handlerkit.errors import StageError
 from handlerkit.results import Run, StageResult
@@ -29,11 +32,16 @@ from handlerkit.viz.dispatch import MAX_ITEMS
         (lambda: torch.rand(8, 16, 16), ["features"]),
         (lambda: torch.randint(0, 3, (2, 16, 16)), ["overlay"]),
         (lambda: torch.rand(2, 16, 16) > 0.5, ["overlay"]),
-        (lambda: torch.randn(2, 5), ["bars"]),
+        (lambda: torch.randn(2, 5), ["heatmap"]),
         (lambda: torch.randn(64, 64), ["heatmap"]),
         (lambda: torch.randint(0, 100, (2, 10)), ["table"]),
         (lambda: torch.randn(10), ["bars"]),
-        (lambda: torch.randn(1000), ["histogram"]),
+        (lambda: torch.randn(1000), ["lines"]),
+        (lambda: torch.randn(2, 1, 16000), ["lines"]),
+        (lambda: torch.randn(1, 2, 1, 500), ["lines"]),
+        (lambda: (torch.randn(3, 800) * 3000).to(torch.int16), ["lines"]),
+        (lambda: torch.randint(0, 1000, (1000,)), ["histogram"]),
+        (lambda: torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), ["heatmap"]),
         (lambda: torch.rand(1000) > 0.5, ["bars"]),
         (lambda: torch.rand(2, 2, 3, 8, 8), ["images"]),
         (lambda: np.random.default_rng(0).random((2, 3, 8, 8)), ["images"]),
@@ -42,18 +50,29 @@ from handlerkit.viz.dispatch import MAX_ITEMS
         (lambda: torch.tensor(1.5), ["card"]),
         (lambda: torch.empty(2, 3, 8, 8, device="meta"), ["card"]),
         (lambda: [torch.rand(3, 8, 8), torch.rand(3, 8, 8)], ["images"]),
-        (lambda: {"logits": torch.randn(2, 5), "pixels": torch.rand(2, 3, 8, 8)}, ["bars", "images"]),
+        (lambda: {"logits": torch.randn(2, 5), "pixels": torch.rand(2, 3, 8, 8)}, ["heatmap", "images"]),
         (lambda: [{"circle": 0.9, "star": 0.1}], ["bars"]),
         (lambda: [[{"circle": [1, 2, 10, 12], "score": 0.9}], []], ["overlay"]),
         (lambda: {"boxes": torch.tensor([[1.0, 2, 10, 12]]), "labels": torch.tensor([1])}, ["overlay"]),
-        (lambda: [[0.1, 0.9], [0.8, 0.2]], ["bars"]),
+        (lambda: [[0.1, 0.9], [0.8, 0.2]], ["heatmap"]),
+        (lambda: [{"label": "cat", "probability": 0.9}], ["table"]),
+        (lambda: ["a cat", "a dog"], ["table"]),
+        (lambda: "a cat", ["table"]),
+        (lambda: [[1, 2], [3]], ["table"]),
+        (lambda: png_bytes(), ["images"]),
+        (lambda: [bytearray(png_bytes()), png_bytes(8, 8)], ["images"]),
+        (lambda: b"not an image", ["card"]),
+        (lambda: [{"body": bytearray(png_bytes())}], ["images"]),
+        (lambda: object(), ["card"]),
         (lambda: torch.randint(0, 255, (28, 28), dtype=torch.uint8), ["heatmap"]),
         (lambda: [[[torch.rand(3, 8, 8)]]], ["images"]),
     ],
-    ids=["images", "one-image", "uint8-images", "features", "channels", "int-mask", "bool-mask", "logits",
-         "heatmap", "token-ids", "short-1d", "histogram", "bool-1d", "5d", "numpy", "numpy-odd", "empty", "0-d", "meta",
-         "list-of-images", "dict", "score-dicts", "torchserve-detections", "torchvision-detection", "number-lists",
-         "grey-uint8", "nested-lists"],
+    ids=["images", "one-image", "uint8-images", "features", "channels", "int-mask", "bool-mask", "small-matrix",
+         "heatmap", "token-ids", "short-1d", "signal", "audio-batch", "4d-rows", "int16-pcm", "int-histogram",
+         "attention-mask", "bool-1d", "5d", "numpy", "numpy-odd", "empty", "0-d", "meta", "list-of-images", "dict",
+         "score-dicts", "torchserve-detections", "torchvision-detection", "number-lists", "dicts", "strings", "string",
+         "ragged", "png-bytes", "list-of-bytes", "not-an-image", "request-rows", "object", "grey-uint8",
+         "nested-lists"],
 )
 def test_the_picture_for_each_kind_of_value(make, expected):
     value = make()
@@ -63,14 +82,106 @@ def test_the_picture_for_each_kind_of_value(make, expected):
     assert fig.get_axes()
 
 
-def test_an_inference_output_is_scores_and_other_stages_are_not():
-    """[N, K] floats with N > 16 are a heat map, unless a model produced them (or K is the mapping's width)."""
+def test_bars_only_for_a_model_output_whose_width_is_the_mapping_s():
+    """[N, K] floats are class scores only where a model made them and the mapping has K labels."""
     logits = torch.randn(20, 30)
-    assert kinds(logits) == ["heatmap"]
-    assert kinds(StageResult("preprocess", output=logits)) == ["heatmap"]
-    assert kinds(StageResult("inference", output=logits)) == ["bars"]
-    mapping = SimpleNamespace(mapping={str(i): f"c{i}" for i in range(30)})
-    assert kinds(logits, handler=mapping) == ["bars"]
+    thirty = SimpleNamespace(mapping={str(i): f"c{i}" for i in range(30)})
+    assert kinds(StageResult("inference", output=logits, source=thirty)) == ["bars"]
+    assert kinds(StageResult("postprocess", output=logits, source=thirty)) == ["bars"]
+    assert kinds(logits, handler=thirty) == ["bars"]  # alone: the caller chose the handler
+    assert kinds(StageResult("preprocess", output=logits, source=thirty)) == ["heatmap"]  # the model's input
+    assert kinds(StageResult("inference", output=logits)) == ["heatmap"]  # no mapping
+    assert kinds(StageResult("inference", output=torch.randn(20, 29), source=thirty)) == ["heatmap"]  # other width
+    assert kinds(StageResult("inference", output=torch.randn(30), source=thirty)) == ["bars"]  # one row
+    assert kinds(StageResult("preprocess", output=torch.randn(30), source=thirty)) == ["bars"]  # values, in order
+    assert panels(StageResult("preprocess", output=torch.randn(30), source=thirty))[0].data["samples"][0][0][:2] == [
+        "[0]", "[1]"]
+
+
+@pytest.mark.torchserve
+def test_the_tabular_handler_s_features_answers_and_scores_each_get_their_picture(tabular):
+    """The issue's case: a TorchServe BaseHandler with JSON features in and {label, probability}
+    out drew its input features as class bars (with a bogus class "3") and its answers as an
+    empty figure. Now: the features as a table of values, the scores as bars, the answers as a table."""
+    stages = tabular.run.stages
+    features = panels(stages["preprocess"])[0]
+    assert features.kind == "heatmap"
+    assert features.data["labels"] == [[f"{v:.3g}" for v in row] for row in FEATURES]
+    fig = viz.show(stages["preprocess"])
+    image_ax = fig.axes[0]
+    assert len(image_ax.texts) == 12 and [t.get_text() for t in image_ax.texts][:4] == ["5.1", "3.5", "1.4", "0.2"]
+    assert not any(p.kind == "bars" for p in panels(stages["preprocess"]))
+
+    scores = viz.show(stages["inference"], top_k=2)
+    assert sum(len(ax.patches) for ax in scores.get_axes()) == len(FEATURES) * 2
+    labels = {t.get_text() for ax in scores.get_axes() for t in ax.get_yticklabels()}
+    assert labels <= set(SPECIES) and "3" not in labels
+
+    answers = panels(stages["postprocess"])[0]
+    assert answers.kind == "table" and answers.data["columns"] == ["label", "probability"]
+    assert answers.data["cells"] == [[row["label"], f"{row['probability']:.4g}"] for row in tabular.run.output]
+    drawn = texts(viz.show(stages["postprocess"]))
+    assert all(row["label"] in drawn for row in tabular.run.output)
+    assert kinds(tabular.run) == ["heatmap", "bars", "table"]
+
+
+def test_a_signal_is_one_line_per_row_and_its_peaks_survive_the_reduction():
+    t = torch.arange(16000, dtype=torch.float32) / 16000
+    audio = torch.stack([torch.sin(2 * math.pi * 5 * t), 0.5 * torch.cos(2 * math.pi * 3 * t)]).unsqueeze(1)
+    audio[0, 0, 1234] = 7.0  # a click
+    fig = viz.show(StageResult("preprocess", output=audio))
+    lines = [line for ax in fig.get_axes() for line in ax.lines]
+    assert len(fig.get_axes()) == 2 and len(lines) == 2
+    first, second = (line.get_ydata() for line in lines)
+    assert first.max() == 7.0 and first.min() == pytest.approx(-1.0, abs=1e-3)
+    assert second.max() == pytest.approx(0.5, abs=1e-3)
+    assert [ax.get_title(loc="left") for ax in fig.get_axes()] == ["[0, 0]", "[1, 0]"]
+
+
+def test_a_tensor_that_is_no_image_is_read_as_rows_of_its_last_dim():
+    """[N, C, T] with T not an image's side: a row per (n, c), as lines or a heat map by size."""
+    many = panels(torch.randn(10, 2, 30))[0]  # 20 rows of 30: a heat map whose rows say what they are
+    assert many.kind == "heatmap" and many.data["shape"] == (20, 30)
+    assert many.data["ylabel"] == "row (index of the leading dims [10, 2])"
+    assert many.notes[0] == "a row per index of the leading dims [10, 2]"
+    ids = panels(torch.randint(2, 50, (2, 1, 7)), handler=SimpleNamespace(vocab=[f"w{i}" for i in range(50)]))[0]
+    assert ids.kind == "table" and len(ids.data["cells"]) == 2  # integers: token ids, a row each
+    assert kinds(torch.rand(1, 3, 2, 40)) == ["heatmap"]  # 3 x 2 rows of 40: not an image, too short for lines
+
+
+def test_token_ids_are_a_table_and_their_attention_mask_a_heat_map_of_0_and_1():
+    words = SimpleNamespace(vocab=["[PAD]", "[CLS]", "the", "cat"])
+    encoded = {"input_ids": torch.tensor([[1, 2, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 0]])}
+    ids, mask = panels(encoded, handler=words)
+    assert ids.kind == "table" and ids.data["cells"] == [["[CLS]", "the", "cat", "[PAD]"]]
+    assert mask.kind == "heatmap" and mask.data["labels"] == [["1", "1", "1", "0"]]
+
+
+def test_bytes_that_decode_are_their_image_pixel_for_pixel():
+    from PIL import Image
+
+    encoded = png_bytes(40, 24, seed=3)
+    panel = panels(encoded)[0]
+    expected = np.array(Image.open(io.BytesIO(encoded)).convert("RGB"))
+    assert panel.kind == "images" and panel.notes == ["decoded from PNG bytes"]
+    np.testing.assert_array_equal(panel.data["grid"], expected)  # one image: no grid padding
+    (image,) = viz.show(encoded).axes[0].get_images()
+    np.testing.assert_array_equal(image.get_array(), expected)
+    two = panels([encoded, png_bytes(20, 24, seed=4)], max_images=1)[0]  # bounded like any image grid
+    assert two.notes[0] == "first 1 of 2 images" and two.data["grid"].shape == expected.shape
+
+
+def test_a_failing_stage_shows_its_error_and_a_run_with_nothing_to_draw_a_card():
+    run = Run(output=[None], stages={"postprocess": StageResult("postprocess", output=[object()])}, batch_size=1)
+    assert kinds(run) == ["card"]
+    assert panels(run)[0].title == "Run of 1 request(s): nothing to draw"
+    assert panels(run)[0].data["lines"] == [
+        "postprocess: list[1] of object",
+        "No picture: no stage returned a tensor, an array, image bytes, text or JSON data.",
+    ]
+    (panel,) = panels(StageResult("postprocess", output=None))
+    assert panel.title == "postprocess output" and panel.data["lines"] == ["None", "No picture: the value is None."]
+    assert kinds(StageResult("postprocess", output="done")) == ["table"]
 
 
 def test_a_segmentation_is_recognised_by_the_mapping_or_the_input_size(classifier):
@@ -90,14 +201,6 @@ def test_the_run_stage_picture_uses_the_input_image(classifier):
     assert panel.data["legend"] == [("1", "#ff7f0e")]
     named = panels(result, handler=classifier.handler)[0]  # its mapping names class 0: drawn too
     assert named.data["legend"] == [("circle", "#1f77b4"), ("square", "#ff7f0e")]
-
-
-def test_a_failing_stage_shows_its_error_and_a_run_with_nothing_to_draw_a_card():
-    run = Run(output=["a"], stages={"postprocess": StageResult("postprocess", output=["a"])}, batch_size=1)
-    assert kinds(run) == ["card"]
-    assert panels(run)[0].title == "Run of 1 request(s): nothing to draw"
-    assert panels(run)[0].data["lines"] == ["postprocess: list[1] of str"]
-    assert kinds(StageResult("postprocess", output="done")) == ["card"]
 
 
 def test_a_run_shows_the_stages_before_a_failed_one_and_its_error(classifier):

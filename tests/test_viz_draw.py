@@ -61,6 +61,23 @@ def test_a_heat_map_is_indexed_like_the_tensor_not_its_subsample():
     assert len(fig.axes) == 2  # the colour bar
 
 
+def test_a_small_heat_map_writes_each_value_legibly_on_its_colour():
+    values = np.array([[0.0, 1.0], [np.nan, 0.9]])
+    data = {"values": values, "shape": (2, 2), "labels": [["0", "1"], ["nan", "0.9"]], "ylabel": "request"}
+    ax = figure([Panel("heatmap", "h", data)]).axes[0]
+    assert [(t.get_text(), t.get_color()) for t in ax.texts] == [
+        ("0", "white"), ("1", "black"), ("nan", "white"), ("0.9", "black")]  # white on viridis' dark half
+    assert [t.get_position() for t in ax.texts][1] == (1, 0)  # (column, row)
+    assert list(ax.get_xticks()) == [0, 1] and ax.get_ylabel() == "request"
+
+
+def test_a_table_with_columns_has_a_header_row():
+    data = {"cells": [["cat", "0.9"]], "rows": ["[0]"], "columns": ["label", "$p$"]}
+    (table,) = figure([Panel("table", "t", data)]).axes[0].tables
+    cells = {key: cell.get_text().get_text() for key, cell in table.get_celld().items()}
+    assert cells[(0, 1)] == r"\$p\$" and cells[(1, 0)] == "cat" and cells[(1, -1)] == "[0]"
+
+
 def test_bars_of_a_unit_axis_and_of_free_values():
     samples = [(["a", "b"], [0.7, 0.3]), (["c", "d"], [0.6, float("nan")])]
     fig = figure([Panel("bars", "b", {"samples": samples, "xlabel": "probability", "unit": True})])

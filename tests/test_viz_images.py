@@ -7,9 +7,20 @@ import numpy as np
 import torch
 
 from _viz import classifier  # noqa: F401 (a fixture)
-from _viz import IMAGES, panels
+from _viz import IMAGES, ROOT, panels
+from conftest import bomb_png, png_bytes
 from handlerkit.viz.handler_view import HandlerView
-from handlerkit.viz.images import features_panel, grid, heatmap_panel, images_panel, unit_images
+from handlerkit.viz.images import (
+    MAX_VALUE_COLS,
+    MAX_VALUE_ROWS,
+    decode_image,
+    encoded_images_panel,
+    features_panel,
+    grid,
+    heatmap_panel,
+    images_panel,
+    unit_images,
+)
 from handlerkit.viz.panel import MAX_SIDE, Context
 
 
@@ -71,7 +82,19 @@ def test_a_heat_map_keeps_the_tensor_s_shape_for_its_axes_and_subsamples():
     assert panel.data["shape"] == (3, 4) and panel.data["values"][2, 3] == 11.0 and panel.notes == []
     panel = heatmap_panel(torch.zeros(3000, 10), "tall")
     assert panel.data["shape"] == (3000, 10) and panel.data["values"].shape == (1000, 4)
-    assert panel.notes == ["every 3th row and column"]
+    assert panel.notes == ["every 3th row and column"] and "labels" not in panel.data
+
+
+def test_a_feature_table_has_every_value_written_in_and_a_larger_one_none():
+    panel = heatmap_panel(torch.tensor([[5.1, 3.5, 1.4, 0.2], [6.2, 2.9, 4.3, 1.3]]), "features")
+    assert panel.data["labels"] == [["5.1", "3.5", "1.4", "0.2"], ["6.2", "2.9", "4.3", "1.3"]]
+    assert panel.size[0] < 4.8 and panel.size[1] < 4.0  # sized to the table
+    assert heatmap_panel(torch.tensor([[1, 0], [0, 1]]), "mask").data["labels"] == [["1", "0"], ["0", "1"]]
+    assert heatmap_panel(torch.tensor([[1e-5, 123456.0]]), "m").data["labels"] == [["1e-05", "1.23e+05"]]
+    edge = heatmap_panel(torch.zeros(MAX_VALUE_ROWS, MAX_VALUE_COLS), "edge")
+    assert len(edge.data["labels"]) == MAX_VALUE_ROWS
+    assert "labels" not in heatmap_panel(torch.zeros(MAX_VALUE_ROWS, MAX_VALUE_COLS + 1), "wide").data
+    assert "labels" not in heatmap_panel(torch.zeros(MAX_VALUE_ROWS + 1, 2), "tall").data
 
 
 def test_a_grid_of_different_sizes_pads_each_to_the_largest():
@@ -79,3 +102,32 @@ def test_a_grid_of_different_sizes_pads_each_to_the_largest():
     out = grid(images)
     assert out.shape == (2 + 4 + 2, 2 + 2 * (3 + 2), 3)  # 2 columns of width 3, rows of height 4
     assert out[2, 2, 0] == 100 and out[5, 3, 0] == 0 and out[2, 7, 0] == 200 and out[0, 0, 0] == 255
+
+
+def test_encoded_images_decode_as_the_handlers_decode_them_bounded_to_the_grid():
+    from PIL import Image
+
+    photo = (IMAGES / "star.jpg").read_bytes()
+    picture, kind = decode_image(photo, 1000)
+    expected = torch.from_numpy(np.array(Image.open(IMAGES / "star.jpg").convert("RGB"))).permute(2, 0, 1)
+    assert kind == "JPEG" and torch.equal(picture, expected)
+    small, _ = decode_image(photo, 64)  # JPEG's draft mode, then a thumbnail: at most 64 a side
+    assert max(small.shape[1:]) <= 64 and small.shape[0] == 3
+    grey, kind = decode_image((ROOT / "fixtures" / "bad" / "gray16.png").read_bytes(), 1000)
+    assert kind == "PNG" and grey.shape[0] == 3 and grey.dtype == torch.uint8
+
+
+def test_bytes_that_are_no_image_say_why():
+    bad = ROOT / "fixtures" / "bad"
+    assert decode_image(b"plain text", 100) == "10 bytes that PIL cannot read as an image"
+    assert decode_image((bad / "truncated.png").read_bytes(), 100) == "a PNG image that is corrupt or truncated"
+    assert decode_image(bomb_png(20_000), 100) == "an image with more pixels than PIL's limit, left undecoded"
+    ctx = Context(HandlerView())
+    card = encoded_images_panel([b"plain text"], ctx, "answer")
+    assert card.kind == "card" and card.data["lines"][-1] == "No picture: 10 bytes that PIL cannot read as an image."
+    none = encoded_images_panel([b"a", b"bc"], ctx, "answers")
+    assert none.data["lines"][-1] == ("No picture: none of its items is an image ([0]: 1 byte that PIL cannot read "
+                                      "as an image; [1]: 2 bytes that PIL cannot read as an image).")
+    some = encoded_images_panel([b"a", png_bytes()], ctx, "answers")
+    assert some.kind == "images"
+    assert some.notes == ["decoded from PNG bytes", "[0]: 1 byte that PIL cannot read as an image"]

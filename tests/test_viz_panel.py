@@ -1,5 +1,5 @@
-"""handlerkit/viz/panel.py: the bounds every panel keeps (grid cells, strided views, the first n)
-and the finite range read in one transfer."""
+"""handlerkit/viz/panel.py: the bounds every panel keeps (grid cells, strided views, the first n),
+the finite range read in one transfer, and which values may be a model's output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from handlerkit.viz.panel import MAX_SIDE, cell_side, columns, finite_range, first, shrink
+from handlerkit.viz.handler_view import HandlerView
+from handlerkit.viz.panel import MAX_SIDE, Context, cell_side, columns, finite_range, first, shrink
 
 
 def test_a_grid_of_cells_fits_in_max_side_pixels():
@@ -36,3 +37,10 @@ def test_first_keeps_n_and_says_what_was_left_out():
 def test_finite_range_ignores_nan_and_inf():
     assert finite_range(torch.tensor([float("nan"), -2.0, float("inf"), 5.0])) == (-2.0, 5.0)
     assert finite_range(torch.tensor([float("nan"), float("-inf")])) is None
+
+
+def test_every_stage_but_the_model_s_input_may_hold_its_output():
+    may = {stage: Context(HandlerView(), stage=stage).model_output
+           for stage in (None, "initialize", "preprocess", "inference", "postprocess", "handle")}
+    assert may == {None: True, "initialize": False, "preprocess": False, "inference": True, "postprocess": True,
+                   "handle": True}

@@ -1,21 +1,26 @@
 """``hk.show``: the picture of a stage's input or output, and ``hk.summary``: its one-line numbers.
 
 ``show(obj)`` takes a :class:`~handlerkit.results.StageResult`, a :class:`~handlerkit.results.Run`,
-a tensor, or a list / dict of them, picks the picture that fits, and returns a matplotlib
-``Figure`` (Jupyter displays it; nothing is shown behind your back, and pyplot is not used).
-The handler that produced a result (``.source``) supplies what the pictures need: the mean and
-std of its ``Normalize`` transform (images are de-normalised), its label ``mapping`` (bars and
-legends) and its vocabulary (token tables). ``handler=`` overrides it; ``image=`` gives the
-input image for overlays when the object does not carry one.
+or any stage value (a tensor, an array, bytes, text, JSON, a list / dict of them), picks the
+picture from what the data is (images, a feature table's values, signals as lines, token
+tables, a model's class scores as bars, JSON as a table, image bytes decoded; a summary card
+saying why when nothing fits), and returns a matplotlib ``Figure`` (Jupyter displays it;
+nothing is shown behind your back, and pyplot is not used). The handler that produced a result
+(``.source``) supplies what the pictures need: the mean and std of its ``Normalize`` transform
+(images are de-normalised), its label ``mapping`` (a model output's bars and legends) and its
+vocabulary (token tables). ``handler=`` overrides it; ``image=`` gives the input image for
+overlays when the object does not carry one.
 
 ``show`` reads top-down through the package:
 
 1. ``handler_view``: what the pictures read from the handler (mean/std, labels, vocabulary);
 2. ``dispatch``: which picture fits the data (the one place that decides, with its table);
-3. the panels, one module per kind: ``images`` (image grids, feature maps, heat maps),
-   ``bars`` (class scores, values, ``{label: score}`` dicts), ``histogram``, ``overlays``
-   (masks and boxes on the input image), ``tokens`` (token tables), ``cards`` (text: summaries
-   and a failed stage's error); ``panel`` holds what they share (``Panel``, the bounds);
+3. the panels, one module per kind: ``images`` (image grids, decoded image bytes, feature
+   maps, heat maps with their values), ``bars`` (class scores, values, ``{label: score}``
+   dicts), ``lines`` (signals), ``histogram``, ``overlays`` (masks and boxes on the input
+   image), ``tokens`` (token tables), ``tables`` (JSON-like values), ``cards`` (text: a
+   summary saying why there is no picture, a failed stage's error); ``panel`` holds what they
+   share (``Panel``, the bounds);
 4. ``draw``: the panels as one matplotlib ``Figure``, displayed as PNG in Jupyter.
 """
 
@@ -37,7 +42,9 @@ def show(
     """The picture of `obj`, as a matplotlib ``Figure``.
 
     Args:
-        obj: a StageResult, a Run, a tensor (or numpy array), or a list / dict of them.
+        obj: a StageResult, a Run, or a stage value: a tensor (or numpy array), bytes, text,
+            JSON-like data, or a list / dict of them. A value without a picture is drawn as
+            its summary card, whose last line says why.
         handler: the handler whose transforms, ``mapping`` and vocabulary the picture uses
             (default: ``obj.source``, the handler that produced it); a Harness works too.
         image: the input image batch ``[N, C, H, W]`` for segmentation and detection overlays
@@ -47,7 +54,7 @@ def show(
         title: the figure's title.
 
     Raises:
-        HandlerkitError: `obj` holds nothing to draw (it names what came).
+        HandlerkitError: drawing failed in a way not foreseen (it names what came).
         ImportError: matplotlib is missing (with the pip command).
     """
     require("matplotlib", feature="hk.show", extra="notebook")

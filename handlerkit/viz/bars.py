@@ -1,5 +1,5 @@
-"""Bars: class scores or logits as the top-k of each row (labelled from the handler's mapping),
-a short tensor's values in order, and postprocessed ``{label: score}`` dicts."""
+"""Bars: a model's class scores or logits as the top-k of each row (labelled from the handler's
+mapping), a short tensor's values in order, and postprocessed ``{label: score}`` dicts."""
 
 from __future__ import annotations
 
@@ -39,14 +39,11 @@ def bars_panel(scores: torch.Tensor, ctx: Context, title: str) -> Panel:
     return bars_from(samples, xlabel, unit, title, notes)
 
 
-def values_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
-    """A short 1-d tensor's values, in order, one bar each."""
+def values_panel(x: torch.Tensor, title: str) -> Panel:
+    """A short 1-d tensor's values, in order, one bar each, labelled by position (class labels
+    belong to a model's scores only: ``bars_panel``)."""
     values = x.float().cpu().tolist()
-    labels = [
-        ctx.view.label(i) if ctx.view.mapping and len(ctx.view.mapping) == len(values) else f"[{i}]"
-        for i in range(len(values))
-    ]
-    return bars_from([(labels, values)], "value", False, title, [])
+    return bars_from([([f"[{i}]" for i in range(len(values))], values)], "value", False, title, [])
 
 
 def dict_bars_panel(rows: list[dict], ctx: Context, title: str) -> Panel:

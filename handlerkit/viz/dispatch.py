@@ -1,84 +1,95 @@
 """Which picture fits which data: the one place ``hk.show`` decides.
 
-Everything below only recognises what came and hands it to a panel module (``images``,
-``bars``, ``histogram``, ``overlays``, ``tokens``, ``cards``); the panels build the bounded
+The picture follows what the data is, not which handler made it. Everything below only
+recognises what came and hands it to a panel module (``images``, ``bars``, ``lines``,
+``histogram``, ``overlays``, ``tokens``, ``tables``, ``cards``); the panels build the bounded
 data, ``draw`` draws it. To change which picture a value gets, change this module alone.
 
-How the picture is chosen, for a tensor (5-d and more: its first 4-d slice):
+How the picture is chosen, for a tensor (5-d and more: its first 4-d slice). *Image-sized*:
+the last two dims both at least 4 and neither more than 32 times the other. A *model output*
+is the value of any stage but preprocess (the model's input is never labelled with its
+classes); a value given alone may be one, labelled only from the ``handler=`` its caller chose.
 
-=====================================  =================================================
-``[N, 1|3, H, W]`` floats or uint8     an image grid, de-normalised (``[1|3, H, W]`` too)
-``[N, C, H, W]`` floats, other C       a segmentation (argmax per pixel over the input
-                                       image) when C is the mapping's width or H, W the
-                                       input image's; else sample 0's channels as
-                                       feature maps (``[C, H, W]`` likewise)
-``[N, H, W]`` integers or booleans     a segmentation mask over the input image
-``[N, K]`` floats                      top-k bars per row labelled from the mapping
-                                       (softmax of logits) for an inference output, K
-                                       the mapping's width, or N ≤ 16, N ≤ K ≤ 1000;
-                                       else a heat map
-``[N, L]`` integers                    a table of vocabulary entries (ids without one)
-1-d                                    scores or values as bars (≤ 32), else a histogram
-empty, 0-d, meta or fake tensors       a summary card
-=====================================  =================================================
+=========================================  ===================================================
+``[N, 1|3, H, W]`` image-sized floats or   an image grid, de-normalised (``[1|3, H, W]`` too)
+uint8
+``[N, C, H, W]`` image-sized floats,       a segmentation (argmax per pixel over the input
+other C                                    image) when C is the mapping's width or H, W the
+                                           input image's; else sample 0's channels as
+                                           feature maps (``[C, H, W]`` likewise)
+``[N, H, W]`` image-sized integers or      a segmentation mask over the input image
+booleans
+3-d and 4-d, not image-sized               a row per leading index (``[N, 1, T]`` audio:
+                                           ``[N, T]``), then as 2-d
+``[N, K]`` floats, a model output with K   top-k bars per row labelled from the mapping
+the mapping's width                        (softmax of logits)
+``[N, T]`` floats, N ≤ 8, T ≥ 64           signals: a line per row
+other ``[N, F]`` floats, 0/1 integers      a heat map, each value written in when it is at
+                                           most 24 × 12 (a feature table)
+``[N, L]`` integers                        a table of vocabulary entries (ids without one)
+``[K]`` floats                             a model output of the mapping's width: bars;
+                                           else ≤ 32 values one bar each, more a line
+``[N]`` integers                           a token table with a vocabulary, else a histogram
+empty, 0-d, meta or fake tensors           a summary card saying why there is no picture
+=========================================  ===================================================
 
-and for structures: torchvision detections (``[{"boxes", "labels", "scores"}]``) or
-TorchServe's detector output as boxes on the input image; ``{label: probability}`` dicts as
-bars; a list of same-sized images as one batch; other lists and dicts one panel per item
-(at most six). A Run shows one panel per stage; a failed stage shows its error and fix.
+int16 tensors are PCM samples (audio's format), drawn as floats; token ids are int32/int64.
+Other values: numpy arrays and regular lists of numbers as tensors; bytes PIL decodes as an
+image (or a list of them) as those images; torchvision detections (``[{"boxes", "labels",
+"scores"}]``) or TorchServe's detector output as boxes on the input image; ``{label:
+probability}`` dicts as bars; EmbeddingBag input (ids + offsets) as a token table; a list of
+same-sized images as one batch; JSON-like values (strings, lists of dicts, ragged lists: what a
+postprocess answers) as a table; other lists and dicts one panel per item (at most six). A Run
+shows one panel per stage; a failed stage shows its error and fix. Anything else is a summary
+card whose last line says why there is no picture.
 """
 
 from __future__ import annotations
 
+import itertools
+import numbers
 from typing import Any
 
 import torch
 
-from handlerkit.errors import HandlerkitError
 from handlerkit.results import Run, StageResult
-from handlerkit.summaries import describe, no_values, summary, tensor_head, tensor_summary
+from handlerkit.summaries import describe, no_values, tensor_head
 from handlerkit.viz.bars import bars_panel, dict_bars_panel, values_panel
-from handlerkit.viz.cards import card, error_card
+from handlerkit.viz.cards import card, error_card, summary_card
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.histogram import histogram_panel
-from handlerkit.viz.images import features_panel, heatmap_panel, images_panel
+from handlerkit.viz.images import encoded_images_panel, features_panel, heatmap_panel, images_panel
+from handlerkit.viz.lines import MAX_LINES, lines_panel
 from handlerkit.viz.overlays import detections_panel, segmentation_panel
 from handlerkit.viz.panel import Context, Panel
+from handlerkit.viz.tables import json_table_panel
 from handlerkit.viz.tokens import tokens_panel
 
-__all__ = ["panels_for"]
+__all__ = ["MAX_ITEMS", "panels_for"]
 
 MAX_ITEMS = 6  # panels for the items of a list or dict
-_FIX = "pass a tensor, a StageResult (h.results['preprocess']), a Run (h.run(batch)) or a list/dict of tensors"
+SIGNAL = 64  # the shortest row drawn as a line
+MAX_VALUES = 32  # the longest 1-d tensor drawn as one bar per value
+_DRAWN = "a tensor, an array, image bytes, text or JSON data"
 
 
 def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5, max_images: int = 16) -> list[Panel]:
     """The panels of `obj` (a StageResult, a Run, or a value), using what `view` knows of the
-    handler; `image` overrides the input image the overlays are drawn on.
+    handler; `image` overrides the input image the overlays are drawn on. A value without a
+    picture gets a summary card that says why."""
 
-    Raises:
-        HandlerkitError: a value that holds nothing to draw (it names what came).
-    """
-
-    def context(input_image: Any, scores: bool) -> Context:
-        return Context(view, top_k, max_images, image if image is not None else input_image, scores)
+    def context(input_image: Any, stage: str | None) -> Context:
+        return Context(view, top_k, max_images, image if image is not None else input_image, stage)
 
     if isinstance(obj, StageResult):
         if obj.error is not None:
             return [error_card(obj)]
         label = f"{obj.stage} output"
-        panels = _value_panels(obj.output, context(_image_like(obj.input), obj.stage == "inference"), label)
-        return panels or [card(label, summary(obj.output).splitlines())]
+        panels = _value_panels(obj.output, context(_image_like(obj.input), obj.stage), label)
+        return panels or [summary_card(label, obj.output, _why(obj.output))]
     if isinstance(obj, Run):
         return _run_panels(obj, context)
-    panels = _value_panels(obj, context(None, False), "")
-    if not panels:
-        got = describe(obj)
-        holds = ", which holds no tensor" if isinstance(obj, (list, tuple, dict)) else ""
-        raise HandlerkitError(
-            f"show() draws tensors, StageResults, Runs and lists/dicts of them: got {got}{holds}", fix=_FIX
-        )
-    return panels
+    return _value_panels(obj, context(None, None), "") or [summary_card(describe(obj), obj, _why(obj))]
 
 
 def _run_panels(run: Run, context: Any) -> list[Panel]:
@@ -90,12 +101,13 @@ def _run_panels(run: Run, context: Any) -> list[Panel]:
         if result.error is not None:
             panels.append(error_card(result))
         elif name != "initialize":
-            drawn = _value_panels(result.output, context(input_image, name == "inference"), f"{name} output")[:1]
+            drawn = _value_panels(result.output, context(input_image, name), f"{name} output")[:1]
             if name == "postprocess" and drawn and drawn[0].kind == "bars" and any(p.kind == "bars" for p in panels):
                 continue  # the classifier's probabilities again, as dicts
             panels += drawn
     if not panels:
         lines = [f"{name}: {describe(r.output)}" for name, r in run.stages.items()]
+        lines.append(f"No picture: no stage returned {_DRAWN}.")
         panels = [card(f"Run of {run.batch_size} request(s): nothing to draw", lines)]
     return panels[:MAX_ITEMS]
 
@@ -107,14 +119,22 @@ def _value_panels(value: Any, ctx: Context, label: str, depth: int = 0) -> list[
         value = _numbers_to_tensor(value)
     if isinstance(value, torch.Tensor):
         return [_tensor_panel(value, ctx, label)]
+    titled = f"{label}: {describe(value)}" if label else describe(value)
+    if _encoded(value):
+        items = [value] if _is_bytes(value) else list(value)
+        return [encoded_images_panel(items, ctx, titled)]
     bag = _embedding_bag(value)
     if bag is not None:
         return [tokens_panel(bag[0], ctx, f"{label}: tokens" if label else "tokens", offsets=bag[1])]
+    if isinstance(value, str):
+        return [json_table_panel(value, titled)] if value else []
     if isinstance(value, dict):
         if _is_detection(value):
             return [detections_panel([value], ctx, f"{label}: detections" if label else "detections")]
         if _is_score_dict(value):
             return [dict_bars_panel([value], ctx, label or "scores")]
+        if value and _json_like(value):
+            return [json_table_panel(value, titled)]
         items = list(value.items())
     elif isinstance(value, (list, tuple)) and value:
         if all(isinstance(v, dict) and _is_detection(v) for v in value) or _is_ts_detection(value):
@@ -123,6 +143,8 @@ def _value_panels(value: Any, ctx: Context, label: str, depth: int = 0) -> list[
             return [dict_bars_panel(list(value), ctx, label or "scores")]
         if _image_like(value) is not None and len({tuple(v.shape) for v in value[: ctx.max_images]}) == 1:
             return [_tensor_panel(torch.stack(list(value[: ctx.max_images])), ctx, label)]
+        if _json_like(value):
+            return [json_table_panel(value, titled)]
         fields = getattr(value, "_fields", None)  # a NamedTuple: its field names
         items = list(zip(fields, value)) if fields else list(enumerate(value))
     else:
@@ -134,19 +156,36 @@ def _value_panels(value: Any, ctx: Context, label: str, depth: int = 0) -> list[
     return panels
 
 
+def _why(value: Any) -> str:
+    """Why a value that holds no tensor, bytes or text has no picture, as the end of a sentence."""
+    if value is None:
+        return "the value is None"
+    if isinstance(value, numbers.Number):
+        return f"{value!r} is a single number"
+    if isinstance(value, (str, list, tuple, dict)) and not value:
+        return "it is empty"
+    if isinstance(value, (list, tuple, dict)):
+        return f"none of its items is {_DRAWN}"
+    return f"a value of type {type(value).__name__} is not {_DRAWN}"
+
+
 def _tensor_panel(x: torch.Tensor, ctx: Context, label: str) -> Panel:
     """The panel for one tensor: a card when it holds no values to draw, else `x` made a
     strided real tensor of at most 4 dims and handed to :func:`_pick`."""
     title = f"{label}: {tensor_head(x)}" if label else tensor_head(x)
     # The card's statistics are computed only for a card: a picture must not reduce a huge tensor.
-    if x.is_nested or no_values(x):
-        return card(title, [tensor_summary(x), "no values to draw"])
+    if x.is_nested:
+        return summary_card(title, x, "a nested tensor has no single shape to draw")
+    if no_values(x):
+        return summary_card(title, x, "its values do not exist yet (a meta or fake tensor)")
     if x.layout != torch.strided:
         if x.numel() > 2**24:
-            return card(title, [tensor_summary(x), "a large sparse tensor: not drawn"])
+            return summary_card(title, x, "a sparse tensor this large is not made dense to be drawn")
         x = x.to_dense()
-    if x.numel() == 0 or x.dim() == 0:
-        return card(title, [tensor_summary(x), "empty: nothing to draw" if x.numel() == 0 else "a single value"])
+    if x.numel() == 0:
+        return summary_card(title, x, "the tensor is empty")
+    if x.dim() == 0:
+        return summary_card(title, x, "a single value has nothing to plot (it is above)")
     with torch.no_grad():
         x = x.detach()
         notes = []
@@ -155,6 +194,9 @@ def _tensor_panel(x: torch.Tensor, ctx: Context, label: str) -> Panel:
         if x.is_complex():
             x = x.abs()
             notes.append("|x| of a complex tensor")
+        if x.dtype == torch.int16:  # PCM audio samples, not token ids
+            x = x.float()
+            notes.append("int16 samples")
         x, lead = _leading(x, 4)
         panel = _pick(x, ctx, title)
     panel.notes = [n for n in [lead, *notes] if n] + panel.notes
@@ -165,6 +207,8 @@ def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     """The picture for a tensor of 1 to 4 dims (the table in the module docstring)."""
     view, dims = ctx.view, x.dim()
     width = len(view.mapping) if view.mapping else None
+    if dims >= 3 and not _image_sized(x.shape[-2], x.shape[-1]):
+        return _rows(x, ctx, title)
     if x.dtype == torch.bool:
         if dims == 3 or (dims == 4 and x.shape[1] == 1):
             return segmentation_panel(x.reshape(-1, *x.shape[-2:]), ctx, f"{title}: masks")
@@ -178,6 +222,9 @@ def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     if not x.is_floating_point():
         if dims == 3 or (dims == 4 and x.shape[1] == 1):
             return segmentation_panel(x.reshape(-1, *x.shape[-2:]), ctx, f"{title}: segmentation")
+        head = x[:64, :4096] if dims == 2 else x
+        if dims == 2 and bool(((head == 0) | (head == 1)).all()):  # an attention mask, not token ids
+            return heatmap_panel(x, f"{title}: 0/1")
         if dims == 2 and (view.lookup is not None or (x.shape[0] <= 64 and x.shape[1] <= 4096)):
             return tokens_panel(x, ctx, f"{title}: tokens")
         if dims == 1 and view.lookup is not None:
@@ -203,15 +250,34 @@ def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
         return features_panel(x, ctx, f"{title}: channels")
     if dims == 2:
         rows, k = x.shape
-        if k >= 2 and (width == k or ctx.scores or (rows <= 16 and rows <= k <= 1000)):
+        if k >= 2 and k == width and ctx.model_output:
             return bars_panel(x, ctx, f"{title}: top {min(ctx.top_k, k)}")
+        if rows <= MAX_LINES and k >= SIGNAL:
+            return lines_panel(x, f"{title}: signals" if rows > 1 else f"{title}: signal")
         return heatmap_panel(x, title)
     n = x.shape[0]
-    if n >= 2 and (width == n or ctx.scores):
+    if n >= 2 and n == width and ctx.model_output:
         return bars_panel(x.unsqueeze(0), ctx, f"{title}: top {min(ctx.top_k, n)}")
-    if n <= 32:
-        return values_panel(x, ctx, f"{title}: values")
-    return histogram_panel(x, f"{title}: histogram")
+    if n <= MAX_VALUES:
+        return values_panel(x, f"{title}: values")
+    return lines_panel(x.unsqueeze(0), f"{title}: signal")
+
+
+def _rows(x: torch.Tensor, ctx: Context, title: str) -> Panel:
+    """A 3-d or 4-d tensor that is no image ([N, 1, T] audio, [N, C, 1, T]): a row per leading
+    index, drawn as a 2-d tensor is (lines or a heat map), each row named by its index."""
+    lead = tuple(x.shape[:-1])
+    flat = x.reshape(-1, x.shape[-1])
+    named = f"a row per index of the leading dims {list(lead)}"
+    if flat.is_floating_point() and flat.shape[0] <= MAX_LINES and flat.shape[1] >= SIGNAL:
+        labels = [str(list(i)) for i in itertools.product(*(range(d) for d in lead))]
+        panel = lines_panel(flat, f"{title}: signals" if flat.shape[0] > 1 else f"{title}: signal", labels)
+    elif flat.is_floating_point():
+        panel = heatmap_panel(flat, title, row=f"row (index of the leading dims {list(lead)})")
+    else:
+        panel = _pick(flat, ctx, title)
+    panel.notes.insert(0, named)
+    return panel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,14 +285,28 @@ def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
 # ---------------------------------------------------------------------------------------------
 
 
+def _image_sized(height: int, width: int) -> bool:
+    """Two dims that can be an image's: both at least 4, neither 32 times the other."""
+    return min(height, width) >= 4 and max(height, width) <= 32 * min(height, width)
+
+
 def _image_like(value: Any) -> Any:
     """`value` when it is an image batch ([N, 1|3, H, W] or a list of [1|3, H, W]), else None."""
-    if isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[1] in (1, 3) and value.numel():
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 4
+        and value.shape[1] in (1, 3)
+        and value.numel()
+        and _image_sized(*value.shape[-2:])
+    ):
         return value
     if (
         isinstance(value, (list, tuple))
         and value
-        and all(isinstance(v, torch.Tensor) and v.dim() == 3 and v.shape[0] in (1, 3) for v in value)
+        and all(
+            isinstance(v, torch.Tensor) and v.dim() == 3 and v.shape[0] in (1, 3) and _image_sized(*v.shape[-2:])
+            for v in value
+        )
     ):
         return value
     return None
@@ -235,6 +315,37 @@ def _image_like(value: Any) -> Any:
 def _spatial(images: Any) -> tuple[int, int] | None:
     first = images[0] if isinstance(images, (list, tuple)) else images
     return tuple(first.shape[-2:]) if hasattr(first, "shape") else None
+
+
+def _is_bytes(value: Any) -> bool:
+    return isinstance(value, (bytes, bytearray, memoryview))
+
+
+def _encoded(value: Any) -> bool:
+    """Bytes (what TorchServe passes through to the client), or a list of them."""
+    if _is_bytes(value):
+        return True
+    return isinstance(value, (list, tuple)) and bool(value) and all(_is_bytes(v) for v in value)
+
+
+def _json_like(value: Any) -> bool:
+    """Strings, numbers, booleans and None in lists and dicts: JSON, as a postprocess answers.
+    A bounded look: 64 items of each container, 6 levels, 2,000 values."""
+    budget = [2000]
+
+    def walk(v: Any, depth: int) -> bool:
+        budget[0] -= 1
+        if budget[0] < 0 or v is None or isinstance(v, (str, numbers.Number)):
+            return not isinstance(v, complex)
+        if depth >= 6:
+            return False
+        if isinstance(v, dict):
+            return all(walk(item, depth + 1) for item in itertools.islice(v.values(), 64))
+        if isinstance(v, (list, tuple)):
+            return all(walk(item, depth + 1) for item in v[:64])
+        return False
+
+    return walk(value, 0)
 
 
 def _embedding_bag(value: Any) -> tuple[Any, Any] | None:

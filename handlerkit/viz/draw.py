@@ -125,8 +125,16 @@ def _heatmap(data: dict[str, Any], where: Any) -> None:
         extent=(-0.5, cols - 0.5, rows - 0.5, -0.5),
     )  # the tensor's indices, not the subsample's
     where.colorbar(image, ax=ax)
-    ax.set_xlabel("column")
-    ax.set_ylabel("row")
+    labels = data.get("labels")
+    if labels is not None:  # a small table: every value written in its cell, every index ticked
+        ax.set_xticks(range(cols))
+        ax.set_yticks(range(rows))
+        middle = (low + high) / 2
+        for (r, c), text in np.ndenumerate(np.asarray(labels, dtype=object)):
+            dark = not np.isfinite(values[r, c]) or values[r, c] < middle  # viridis is dark below its middle
+            ax.text(c, r, _t(text), ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xlabel(_t(data.get("xlabel", "column")))
+    ax.set_ylabel(_t(data.get("ylabel", "row")))
 
 
 def _histogram(data: dict[str, Any], where: Any) -> None:
@@ -161,13 +169,29 @@ def _bars(data: dict[str, Any], where: Any) -> None:
     axes[-1].set_xlabel(_t(data.get("xlabel", "")))
 
 
+def _lines(data: dict[str, Any], where: Any) -> None:
+    series = data["series"]
+    axes = where.subplots(len(series), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, (label, xs, ys) in zip(axes, series):
+        ax.plot(xs, ys, color="#1f77b4", linewidth=0.8)
+        ax.set_xlim(0, max(data["length"] - 1, 1))
+        if len(series) > 1:
+            ax.set_title(_t(label), loc="left", fontsize=7)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[-1].set_xlabel(_t(data["xlabel"]))
+
+
 def _table(data: dict[str, Any], where: Any) -> None:
     ax = where.add_subplot()
     ax.axis("off")
     cells = [[_t(c) for c in row] for row in data["cells"]]
-    table = ax.table(cellText=cells, rowLabels=data["rows"], loc="center", cellLoc="center")
+    columns = [_t(c) for c in data["columns"]] if data.get("columns") else None
+    table = ax.table(cellText=cells, rowLabels=data["rows"], colLabels=columns, loc="center", cellLoc="center")
     table.auto_set_font_size(False)
     table.set_fontsize(7)
+    if columns:  # a JSON table: columns as wide as their texts, so the row labels stay inside
+        table.auto_set_column_width(list(range(-1, len(columns))))
 
 
 _KINDS = {
@@ -178,6 +202,7 @@ _KINDS = {
     "heatmap": _heatmap,
     "histogram": _histogram,
     "bars": _bars,
+    "lines": _lines,
     "table": _table,
 }
 

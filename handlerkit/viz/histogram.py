@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from handlerkit.viz.cards import card
+from handlerkit.viz.cards import summary_card
 from handlerkit.viz.panel import Panel
 
 __all__ = ["HIST_BINS", "HIST_SAMPLE", "histogram_panel"]
@@ -38,7 +38,7 @@ def histogram_panel(x: torch.Tensor, title: str) -> Panel:
     if finite.numel() < values.numel():
         notes.append(f"{values.numel() - finite.numel()} NaN/Inf values left out")
     if finite.numel() == 0:
-        return card(title, ["no finite values to draw", *notes])
+        return summary_card(title, x, "every value is NaN or ±Inf: there is no distribution to draw")
     low, high = torch.aminmax(finite)
     low_v, high_v = float(low), float(high)
     if low_v == high_v:

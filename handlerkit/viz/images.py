@@ -1,5 +1,6 @@
 """Images and other 2-d pictures of values: image grids (de-normalised with the handler's
-``Normalize``), a tensor's channels as feature maps, and a matrix as a heat map.
+``Normalize``), encoded images (PNG, JPEG... bytes) decoded, a tensor's channels as feature
+maps, and a matrix as a heat map (a small one, a feature table, with each value written in).
 
 ``unit_images`` and ``grid`` are shared with ``overlays``, which draw masks and boxes on the
 same de-normalised input image.
@@ -11,10 +12,23 @@ from typing import Any
 
 import torch
 
+from handlerkit.viz.cards import summary_card
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.panel import MAX_SIDE, Context, Panel, cell_side, columns, finite_range, first, shrink
 
-__all__ = ["features_panel", "grid", "heatmap_panel", "images_panel", "unit_images"]
+__all__ = [
+    "MAX_VALUE_COLS",
+    "MAX_VALUE_ROWS",
+    "decode_image",
+    "encoded_images_panel",
+    "features_panel",
+    "grid",
+    "heatmap_panel",
+    "images_panel",
+    "unit_images",
+]
+
+MAX_VALUE_ROWS, MAX_VALUE_COLS = 24, 12  # the largest heat map with its values written in
 
 
 def images_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
@@ -44,13 +58,73 @@ def features_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     return Panel("features", title, {"grid": picture}, notes, size=(4.8, 4.4))
 
 
-def heatmap_panel(x: torch.Tensor, title: str) -> Panel:
-    """A 2-d float tensor as an image with a colour bar."""
+def heatmap_panel(x: torch.Tensor, title: str, *, row: str = "row") -> Panel:
+    """A 2-d real tensor as an image with a colour bar; at most ``MAX_VALUE_ROWS`` x
+    ``MAX_VALUE_COLS`` (a feature table: a row per request, a column per feature) with every
+    value written in its cell. `row` names what a row is (the y axis)."""
     shape = tuple(x.shape)
+    rows, cols = shape
     x, step = shrink(x, MAX_SIDE)
     values = x.float().cpu().numpy()
     notes = [f"every {step}th row and column"] if step > 1 else []
-    return Panel("heatmap", title, {"values": values, "shape": shape}, notes, size=(4.8, 4.0))
+    data: dict[str, Any] = {"values": values, "shape": shape, "ylabel": row}
+    if rows <= MAX_VALUE_ROWS and cols <= MAX_VALUE_COLS:
+        integral = not x.is_floating_point()
+        data["labels"] = [[str(int(v)) if integral else f"{v:.3g}" for v in line] for line in x.cpu().tolist()]
+        size = (min(6.4, 2.2 + 0.55 * cols), min(4.8, 1.4 + 0.3 * rows))
+    else:
+        size = (4.8, 4.0)
+    return Panel("heatmap", title, data, notes, size=size)
+
+
+def encoded_images_panel(items: list[Any], ctx: Context, title: str) -> Panel:
+    """Encoded images (bytes, as an image-to-image handler returns them) decoded and drawn as
+    one grid; notes name the items that are no image, and a summary card says why when none is."""
+    shown = items[: ctx.max_images]
+    side = cell_side(len(shown))
+    decoded, formats, failed = [], set(), []
+    for i, data in enumerate(shown):
+        image = decode_image(data, side)
+        if isinstance(image, str):
+            failed.append(f"[{i}]: {image}")
+        else:
+            decoded.append(image[0])
+            formats.add(image[1])
+    value = items[0] if len(items) == 1 else items
+    if not decoded:
+        reasons = [f.partition(": ")[2] for f in failed] if len(items) == 1 else failed[:3]
+        why = reasons[0] if len(items) == 1 else "none of its items is an image (" + "; ".join(reasons) + ")"
+        return summary_card(title, value, why)
+    notes = [f"decoded from {'/'.join(sorted(formats))} bytes", *failed]
+    if len(shown) < len(items):
+        notes.insert(0, f"first {len(shown)} of {len(items)} images")
+    return Panel("images", title, {"grid": grid(decoded)}, notes, size=(4.8, 4.4))
+
+
+def decode_image(data: bytes | bytearray, side: int) -> tuple[torch.Tensor, str] | str:
+    """The uint8 [3, H, W] picture of encoded image bytes, at most `side` pixels a side, and its
+    format (``PNG``); or why it is none. Decoded as the handlers decode a request's image (PIL,
+    its pixel limit checked from the header first)."""
+    import numpy as np
+
+    from handlerkit.errors import RequestError
+    from handlerkit.handlers._decode import convert_mode, load_image, open_image
+
+    try:
+        image = open_image(data, 0)
+    except RequestError as exc:
+        if exc.error_code == 413:
+            return "an image with more pixels than PIL's limit, left undecoded"
+        return f"{len(data)} byte{'' if len(data) == 1 else 's'} that PIL cannot read as an image"
+    try:
+        image.draft("RGB", (side, side))  # JPEG: decoded at a reduced scale, much faster
+        load_image(image, 0)
+    except RequestError:
+        return f"a {image.format} image that is corrupt or truncated"
+    kind = str(image.format or "image")
+    picture = convert_mode(image, "RGB")
+    picture.thumbnail((side, side))
+    return torch.from_numpy(np.array(picture, dtype=np.uint8)).permute(2, 0, 1), kind
 
 
 def unit_images(x: torch.Tensor, view: HandlerView) -> tuple[torch.Tensor, str]:

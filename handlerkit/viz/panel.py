@@ -30,14 +30,20 @@ class Context:
     top_k: int = 5
     max_images: int = 16
     image: Any = None  # the input image batch ([N, C, H, W] or a list of [C, H, W]) for overlays
-    scores: bool = False  # the value is a model's output (an inference stage): 2-d floats are scores
+    stage: str | None = None  # the stage that produced the value; None for a value given alone
+
+    @property
+    def model_output(self) -> bool:
+        """Whether the value may be a model's output (scores to rank): anything but the model's
+        input. A value given alone may be: its labels come only from a ``handler=`` the caller chose."""
+        return self.stage not in ("initialize", "preprocess")
 
 
 @dataclass
 class Panel:
     """One picture: a kind ``draw`` knows, its title, notes and bounded data."""
 
-    kind: str  # card, images, features, heatmap, histogram, bars, overlay, table
+    kind: str  # card, images, features, heatmap, histogram, bars, lines, overlay, table
     title: str
     data: dict[str, Any]
     notes: list[str] = field(default_factory=list)
