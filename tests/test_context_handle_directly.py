@@ -13,9 +13,9 @@ TorchServe's whole handler unit-test suite, run with this MockContext swapped in
 from __future__ import annotations
 
 import pytest
-from conftest import ts_imports
 
 import handlerkit as hk
+from conftest import ts_imports
 from handlerkit.errors import HandlerkitWarning
 from handlerkit.handlers.image_classifier import ImageClassifier
 
