@@ -17,6 +17,8 @@ own unit tests also call ``handle([[1.0, 2.0]], ctx)`` with plain items. A batch
   empty header dict, because no frontend touched it.
 
 :func:`payload` reads one row of ``data`` the one way every handlerkit handler reads it.
+:func:`bind_implicitly` binds ``handle``'s own data when a test calls ``handle(data, ctx)``
+directly on a :class:`~handlerkit.context.MockContext` nobody bound, as TorchServe's unit tests do.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from handlerkit import _wire
-from handlerkit.context import bind_requests
+from handlerkit.context import MockContext, bind_requests
 from handlerkit.requests import Request, decode_enabled
 
-__all__ = ["Batch", "batch", "payload"]
+__all__ = ["Batch", "batch", "bind_implicitly", "payload"]
 
 
 def payload(row: Any) -> Any:
@@ -292,3 +294,30 @@ def batch(*requests: Any, decode: bool | None = None) -> Batch:
                 "itself as one item: batch(Request.from_item(x))"
             )
     return Batch(requests, decode=decode)
+
+
+def bind_implicitly(context: Any, data: Any) -> bool:
+    """Bind ``data`` to a :class:`~handlerkit.context.MockContext` no one bound a batch to.
+
+    TorchServe's handler unit tests (and tests written like them) call ``handler.handle(data,
+    ctx)`` directly, with no batch bound. handlerkit's ``BaseHandler.handle`` calls this first,
+    so the statuses its handlers set per request (a bad image's 400) land in
+    ``ctx.responses()`` and its request-id checks see this call's batch. ``data`` is bound as
+    :meth:`Batch.coerce` reads it (each request without headers of its own) and the context's
+    ``implicit_batch`` is set, so the next direct call replaces this batch.
+
+    Left alone, returning False: a context bound otherwise (``Batch.bind``, the Harness, the
+    worker), any context that is not a MockContext (TorchServe's own), and ``data`` that is no
+    batch (None, an empty list).
+    """
+    if not isinstance(context, MockContext):
+        return False
+    if context.request_processor is not None and not context.implicit_batch:
+        return False
+    try:
+        found = Batch.coerce(data)
+    except (TypeError, ValueError):
+        return False
+    found.bind(context)
+    context.implicit_batch = True
+    return True

@@ -1,28 +1,26 @@
 """TorchServe's handler context, rebuilt so a handler can run in a notebook or a test.
 
-Faithful to TorchServe 0.12's ``ts/context.py``:
+Faithful to TorchServe 0.12's ``ts/context.py``: :class:`MockContext` is a drop-in for
+``ts.context.Context`` and for TorchServe's test MockContext (the attributes and methods a
+handler uses), plus :meth:`MockContext.from_model_dir` and :meth:`MockContext.responses`.
 
-- :class:`RequestProcessor` holds one request's headers and the response status and headers
-  the handler sets for it, with TorchServe's method names.
-- :func:`bind_requests` gives a context a new batch, as the worker does before every call;
-  :func:`read_responses` (and :class:`ResponseInfo`) read back what the handler set.
-- :class:`MockContext` is a drop-in for ``ts.context.Context``: the attributes and methods a
-  handler uses, plus :meth:`MockContext.from_model_dir` and :meth:`MockContext.responses`.
-
-The model dir (manifest, config discovery) is read by :mod:`handlerkit.modeldir`, the model
-config checked by :mod:`handlerkit.config`, and ``context.metrics`` is a
-:class:`~handlerkit.metrics.RecordingMetrics` (its names are re-exported here). Nothing here
+Each request's headers and response live in :mod:`handlerkit.request_processor`
+(``RequestProcessor``, ``bind_requests``, ``read_responses``, ``ResponseInfo``), the model dir
+(manifest, config discovery) is read by :mod:`handlerkit.modeldir`, the model config checked by
+:mod:`handlerkit.config`, and ``context.metrics`` is a
+:class:`~handlerkit.metrics.RecordingMetrics`; their names are re-exported here. Nothing here
 imports ``ts`` or ``torch``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from handlerkit.metrics import (  # re-exported: handlerkit.context.MetricRecord etc. keep working
     Dimension,
@@ -33,6 +31,12 @@ from handlerkit.metrics import (  # re-exported: handlerkit.context.MetricRecord
 )
 from handlerkit.metrics_config import load_metrics_config as _load_metrics_config
 from handlerkit.modeldir import read_config, read_model_dir, resolve_path
+from handlerkit.request_processor import (  # re-exported: handlerkit.context.RequestProcessor etc. keep working
+    RequestProcessor,
+    ResponseInfo,
+    bind_requests,
+    read_responses,
+)
 
 __all__ = [
     "Dimension",
@@ -51,126 +55,9 @@ __all__ = [
 _SERVER_NAME = "MMS"
 
 _BIND_FIX = (
-    "read request headers in preprocess/handle, not in initialize; calling handle yourself, bind "
-    "its data first as the worker does: hk.Batch.coerce(data).bind(ctx) (the Harness does it)"
+    "set responses in preprocess/handle, not in initialize; calling a handler yourself, bind its "
+    "data first as the worker does: hk.Batch.coerce(data).bind(ctx) (the Harness does it)"
 )
-
-
-# -- per-request headers and response status -------------------------------------------------
-class RequestProcessor:
-    """One request's headers in, its response status and headers out (``ts.context.RequestProcessor``).
-
-    The header dict is kept by reference, as TorchServe does. It holds the request-level HTTP
-    headers plus, for each input parameter, ``{param name: {"content-type": ...}}``.
-
-    Args:
-        request_header: the request's headers, as the worker builds them.
-    """
-
-    def __init__(self, request_header: dict) -> None:
-        self._status_code: int = 200
-        self._reason_phrase: str | None = None
-        self._response_header: dict[str, str] = {}
-        self._request_header = request_header
-
-    def get_request_property(self, key: str) -> Any:
-        """The request header ``key`` (exact, case-sensitive name), or None."""
-        return self._request_header.get(key)
-
-    def report_status(self, code: int, reason_phrase: str | None = None) -> None:
-        """Set this request's HTTP status code and reason phrase."""
-        self._status_code = code
-        self._reason_phrase = reason_phrase
-
-    def get_response_status_code(self) -> int:
-        """The status code set so far (200 by default)."""
-        return self._status_code
-
-    def get_response_status_phrase(self) -> str | None:
-        """The reason phrase set so far (None by default)."""
-        return self._reason_phrase
-
-    def add_response_property(self, key: str, value: str) -> None:
-        """Set a response header."""
-        self._response_header[key] = value
-
-    def get_response_headers(self) -> dict[str, str]:
-        """The response headers (the live dict, as in TorchServe)."""
-        return self._response_header
-
-    def get_response_header(self, key: str) -> str | None:
-        """One response header, or None."""
-        return self._response_header.get(key)
-
-    def get_request_properties(self) -> dict:
-        """All request headers (the live dict, as in TorchServe)."""
-        return self._request_header
-
-    def __repr__(self) -> str:
-        return (
-            f"RequestProcessor(status={self._status_code}, phrase={self._reason_phrase!r}, "
-            f"request_headers={sorted(self._request_header)}, "
-            f"response_headers={self._response_header!r})"
-        )
-
-
-class ResponseInfo(NamedTuple):
-    """What the handler set for one request: status code, reason phrase, response headers."""
-
-    code: int
-    phrase: str | None
-    headers: dict[str, str]
-
-    @property
-    def content_type(self) -> str | None:
-        """The ``content-type`` response header set with ``set_response_content_type``."""
-        return self.headers.get("content-type")
-
-
-def read_responses(context: Any) -> list[ResponseInfo]:
-    """Read back, per request, the status and headers a handler set on any TorchServe-like context.
-
-    Works on :class:`MockContext` and on TorchServe's own ``ts.context.Context``.
-    """
-    processors = getattr(context, "request_processor", None) or []
-    return [
-        ResponseInfo(rp.get_response_status_code(), rp.get_response_status_phrase(), dict(rp.get_response_headers()))
-        for rp in processors
-    ]
-
-
-def bind_requests(context: Any, request_ids: Mapping[int, str], headers: Sequence[dict]) -> Any:
-    """Give a context a new batch of requests, the way ``ts.service.Service.predict`` does.
-
-    Sets ``context.request_ids``, a fresh ``context.request_processor`` list (so statuses set
-    during a previous call do not leak) and ``context.metrics.request_ids`` when the metrics
-    object has that attribute. Works on :class:`MockContext` and ``ts.context.Context``.
-
-    Args:
-        context: the context to update.
-        request_ids: batch index → request id.
-        headers: one header dict per request (each is copied).
-
-    Returns:
-        The context, for chaining.
-    """
-    if len(request_ids) != len(headers):
-        raise ValueError(
-            f"bind_requests needs one header dict per request id: got {len(request_ids)} "
-            f"ids and {len(headers)} header dicts"
-        )
-    ids = dict(request_ids)
-    context.request_ids = ids
-    context.request_processor = [RequestProcessor(_copy_headers(h)) for h in headers]
-    metrics = getattr(context, "metrics", None)
-    if metrics is not None and hasattr(metrics, "request_ids"):
-        metrics.request_ids = ids
-    return context
-
-
-def _copy_headers(headers: Mapping) -> dict:
-    # Parameter entries are nested dicts ({"content-type": ...}); copy them too.
-    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in headers.items()}
 
 
 # -- the context ------------------------------------------------------------------------------
@@ -218,9 +105,15 @@ class MockContext:
     without CUDA); ``BaseHandler`` uses CUDA only when CUDA is available *and* it is not None.
 
     Until a batch is bound, ``request_ids`` and ``request_processor`` are None, as under
-    TorchServe, whose worker binds each batch after ``initialize``: a header read in
-    ``initialize`` fails there and here alike. ``metrics.request_ids`` holds one fresh id, as
-    the model loader sets for the metrics emitted while the model loads.
+    TorchServe, whose worker binds each batch after ``initialize``. As on TorchServe's test
+    MockContext, ``handler.handle(data, ctx)`` called directly still runs: request-header reads
+    answer as for a request without headers (None; ``{}`` for all of them), so ``explain`` and
+    ``describe`` are off, and handlerkit's handlers bind the call's data themselves
+    (:func:`handlerkit.batches.bind_implicitly`). Setting a response needs a batch (TypeError
+    before one, as in TorchServe; ``set_response_status`` does nothing). A header read in
+    ``initialize`` fails TorchServe's model load: the Harness reports it as a contract problem
+    (:meth:`noting_header_reads`). ``metrics.request_ids`` holds one fresh id, as the model
+    loader sets for the metrics emitted while the model loads.
 
     Args:
         model_pt_file: ``manifest["model"]["serializedFile"]`` (left out when falsy).
@@ -244,6 +137,10 @@ class MockContext:
         inferred: for :meth:`from_model_dir` without a MANIFEST, each manifest key handlerkit
             inferred and why; empty otherwise.
         cl_socket: collects intermediate (streaming) responses in ``cl_socket.sent``.
+        implicit_batch: True while the batch is one a handler bound itself (see above); the
+            next such call replaces it, and any other binding resets it.
+        explain: False, as on TorchServe's test MockContext; tests set it, and there as here it
+            makes no request an explanation request (a request's ``explain: True`` header does).
     """
 
     def __init__(
@@ -306,7 +203,9 @@ class MockContext:
         self.inferred: dict[str, str] = {}
         # None until a batch is bound (Batch.bind / bind_requests), as in ts.context.Context.
         self.request_ids: dict[int, str] | None = None
-        self.request_processor: list[RequestProcessor] | None = None
+        self.request_processor = None  # its setter also sets implicit_batch = False
+        self.explain = False
+        self._noted_reads: list[str] | None = None
         if getattr(self.metrics, "request_ids", "") is None:
             # ts.model_loader: metrics_cache.set_request_ids(str(uuid.uuid4())) before initialize.
             self.metrics.request_ids = str(uuid.uuid4())
@@ -328,29 +227,59 @@ class MockContext:
             return None
         return self.request_ids.get(idx)
 
+    @property
+    def request_processor(self) -> list[RequestProcessor] | None:
+        """One :class:`RequestProcessor` per request of the bound batch; None before any."""
+        return self._request_processor
+
+    @request_processor.setter
+    def request_processor(self, processors: list[RequestProcessor] | None) -> None:
+        self._request_processor = processors
+        self.implicit_batch = False  # whoever binds now, it is no longer the handler's own batch
+
     def _processor(self, idx: int) -> RequestProcessor:
         """Request ``idx``'s processor; TypeError before any batch, as TorchServe's indexing of None."""
-        if self.request_processor is None:
+        if self._request_processor is None:
             raise TypeError(
                 f"'NoneType' object is not subscriptable: context.request_processor is None until a "
                 f"batch is bound, as in TorchServe, whose worker binds each batch just before handle "
-                f"(so a header read in initialize fails in the server too); {_BIND_FIX}"
+                f"(so this fails in initialize in the server too); {_BIND_FIX}"
             )
-        return self.request_processor[idx]
+        return self._request_processor[idx]
+
+    def _headers(self, call: str, idx: int, key: str | None = None) -> RequestProcessor | None:
+        """Request ``idx``'s processor for a header read, None before any batch; the read is
+        noted while :meth:`noting_header_reads` is open."""
+        if self._noted_reads is not None:
+            read = f"{call}({idx}{'' if key is None else f', {key!r}'})"
+            if read not in self._noted_reads:
+                self._noted_reads.append(read)
+        return None if self._request_processor is None else self._request_processor[idx]
+
+    @contextlib.contextmanager
+    def noting_header_reads(self) -> Iterator[list[str]]:
+        """Note each distinct request-header read made inside the block, bound or not, as
+        ``"get_request_header(0, 'explain')"`` in the list yielded (the Harness opens one
+        around ``initialize``, where TorchServe's worker has no request to read)."""
+        outer, self._noted_reads = self._noted_reads, []
+        try:
+            yield self._noted_reads
+        finally:
+            self._noted_reads = outer
 
     def get_request_header(self, idx: int, key: str) -> Any:
-        """Header ``key`` of request ``idx`` (exact, case-sensitive name), or None.
+        """Header ``key`` of request ``idx`` (exact, case-sensitive name), or None; None before
+        any batch too (a request without headers, as on TorchServe's test MockContext).
 
         A parameter name as ``key`` gives ``{"content-type": ...}`` for that parameter.
-
-        Raises:
-            TypeError: no batch is bound yet (TorchServe raises it too: ``request_processor`` is None).
         """
-        return self._processor(idx).get_request_property(key)
+        rp = self._headers("get_request_header", idx, key)
+        return None if rp is None else rp.get_request_property(key)
 
     def get_all_request_header(self, idx: int) -> dict:
-        """All headers of request ``idx`` (TypeError before any batch, as in TorchServe)."""
-        return self._processor(idx).get_request_properties()
+        """All headers of request ``idx`` (the live dict); an empty dict before any batch."""
+        rp = self._headers("get_all_request_header", idx)
+        return {} if rp is None else rp.get_request_properties()
 
     def set_response_content_type(self, idx: int, value: str) -> None:
         """Set the ``content-type`` response header of request ``idx``."""
@@ -367,8 +296,8 @@ class MockContext:
 
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         """Set the HTTP status of request ``idx``; before any batch it does nothing, as in TorchServe."""
-        if self.request_processor is not None and self.request_processor[idx] is not None:
-            self.request_processor[idx].report_status(code, reason_phrase=phrase)
+        if self._request_processor is not None and self._request_processor[idx] is not None:
+            self._request_processor[idx].report_status(code, reason_phrase=phrase)
 
     def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
         """Set the HTTP status of every request in the batch (TypeError before any batch, as in TorchServe)."""
@@ -389,8 +318,9 @@ class MockContext:
         self._processor(idx).add_response_property(key, value)
 
     def get_sequence_id(self, idx: int) -> str | None:
-        """The sequence id header of request ``idx`` (name from ``TS_REQUEST_SEQUENCE_ID``)."""
-        return self._processor(idx).get_request_property(self.header_key_sequence_id)
+        """The sequence id header of request ``idx`` (name from ``TS_REQUEST_SEQUENCE_ID``); None before any batch."""
+        rp = self._headers("get_sequence_id", idx)
+        return None if rp is None else rp.get_request_property(self.header_key_sequence_id)
 
     # -- handlerkit ------------------------------------------------------------------------
 

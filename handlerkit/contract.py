@@ -8,7 +8,8 @@ JSON-serialisable (``torch.Tensor`` items are sent as ``torch.save`` bytes). NaN
 as ``NaN``, which strict JSON clients reject. :func:`check_output` says so, per request, as
 :class:`Problem` data with its fix, before TorchServe turns the mistake into "worker died".
 Each request's status (``context.set_response_status``) goes out as its HTTP status line, so
-it must be an HTTP code: :func:`check_statuses`.
+it must be an HTTP code: :func:`check_statuses`. The worker binds no request before
+``initialize``, so a request-header read there fails the model load: :func:`header_reads_in_initialize`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +26,11 @@ from handlerkit.summaries import describe
 __all__ = [
     "HANDLER_STAGES",
     "STAGES",
+    "HeaderReads",
     "Problem",
     "check_output",
     "check_statuses",
+    "header_reads_in_initialize",
     "response_statuses",
     "skipped_stages",
 ]
@@ -194,6 +198,57 @@ def check_statuses(statuses: Sequence[tuple[Any, Any]], stage: str = "handle") -
                 )
             )
     return problems
+
+
+class HeaderReads:
+    """The request-header reads made inside a ``with`` block around ``initialize``, and the
+    problem they are (:func:`header_reads_in_initialize`).
+
+    A MockContext notes them (``context.noting_header_reads()``) and answers them as for a
+    request without headers; any other context notes nothing (TorchServe's raises on them)."""
+
+    def __init__(self, context: Any) -> None:
+        noting = getattr(context, "noting_header_reads", None)
+        self._block: AbstractContextManager[list[str]] = noting() if noting is not None else nullcontext([])
+        self.reads: list[str] = []
+
+    def __enter__(self) -> HeaderReads:
+        self.reads = self._block.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._block.__exit__(*exc_info)
+
+    def add_to(self, result: Any) -> list[Problem]:
+        """The problems so far, added to ``result.problems`` (a StageResult); none for None."""
+        problems = header_reads_in_initialize(self.reads) if result is not None else []
+        if problems:
+            result.problems.extend(problems)
+        return problems
+
+
+def header_reads_in_initialize(reads: Sequence[str]) -> list[Problem]:
+    """A problem when ``initialize`` read request headers (``reads``: the calls, as
+    ``MockContext.noting_header_reads`` notes them).
+
+    TorchServe's model loader calls ``initialize`` before the worker binds any request: its
+    Context's ``request_processor`` is None, so ``get_request_header`` raises TypeError and the
+    model fails to load. A MockContext answers as for a request without headers instead, as
+    TorchServe's test MockContext does, which hides the mistake unless it is reported."""
+    if not reads:
+        return []
+    calls = ", ".join(f"context.{read}" for read in reads)
+    return [
+        Problem(
+            "header-in-initialize",
+            f"read request headers ({calls}), but TorchServe binds no request before initialize "
+            "(context.request_processor is None): there the read raises TypeError and the model "
+            "fails to load; handlerkit's MockContext answered as for a request without headers",
+            "read request headers per request in preprocess or handle (context.get_request_header(idx, key)); "
+            "take what initialize needs from context.model_yaml_config, context.manifest or context.system_properties",
+            "initialize",
+        )
+    ]
 
 
 def skipped_stages(handler: Any) -> list[Problem]:

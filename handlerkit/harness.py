@@ -33,7 +33,7 @@ from typing import Any
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
-from handlerkit.contract import HANDLER_STAGES, STAGES, Problem, check_output, skipped_stages
+from handlerkit.contract import HANDLER_STAGES, STAGES, HeaderReads, Problem, check_output, skipped_stages
 from handlerkit.diagnostics.reports import Reports
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.recording import failures, spy
@@ -301,8 +301,11 @@ class Harness(Reports):
         """Run the handler's ``initialize(context)`` (``handle(None, context)`` for functions)."""
         self.results.clear()
         service = self.service
-        with service.running("initialize", max_age=0):  # a fresh look at the dir; the stage nests inside
-            result = self._step("initialize", lambda _: service.initialize(), None, None)
+        with service.running("initialize", max_age=0), HeaderReads(self.context) as reads:  # a fresh look at the dir
+            try:
+                result = self._step("initialize", lambda _: service.initialize(), None, None)
+            finally:  # a header read fails TorchServe's model load (no request yet): a problem, warned
+                self._warn_problems(reads.add_to(self.results.get("initialize")))
             decisions = getattr(self.handler, "decisions", None)
             if decisions is not None and result.output is None:
                 result.output = decisions

@@ -328,3 +328,37 @@ def test_dicts_without_parameter_names_are_raw_items(item):
         assert bt.data == [item] and bt[0].item and bt.headers == [{}]
     with pytest.raises(TypeError, match=r"Request\.from_data needs parameter names \(non-empty str\) as keys: got 1; .*Request\.from_item\(x\)"):
         Request.from_data({1: "x"})
+
+
+# -- implicit binding: handle(data, ctx) called directly on a MockContext nobody bound -----------
+
+
+def test_bind_implicitly_binds_an_unbound_mock_context_and_replaces_its_own_batch():
+    ctx = MockContext()
+    assert batches.bind_implicitly(ctx, [[1.0, 2.0], {"body": {"a": 1}}]) is True
+    assert ctx.implicit_batch is True and len(ctx.request_processor) == 2
+    assert ctx.get_all_request_header(0) == {}  # a raw item: no frontend, no headers
+    assert ctx.get_request_header(1, "body") == {"content-type": "application/json"}
+    assert ctx.get_request_header(1, "explain") == "False"  # a request dict: as the worker delivers it
+    assert ctx.metrics.request_ids == ctx.request_ids
+    first = dict(ctx.request_ids)
+    assert batches.bind_implicitly(ctx, [[3.0, 4.0]]) is True  # its own batch: the next call's replaces it
+    assert len(ctx.request_processor) == 1 and ctx.request_ids[0] not in first.values()
+
+
+def test_bind_implicitly_leaves_every_other_binding_and_context_alone():
+    ctx = MockContext()
+    batch(Request.json({"a": 1}, headers={"explain": "True"}, request_id="r0")).bind(ctx)
+    assert batches.bind_implicitly(ctx, [[1.0], [2.0]]) is False
+    assert ctx.request_ids == {0: "r0"} and ctx.get_request_header(0, "explain") == "True"
+
+    unbound = MockContext()
+    for not_a_batch in (None, []):
+        assert batches.bind_implicitly(unbound, not_a_batch) is False
+    assert unbound.request_processor is None and unbound.implicit_batch is False
+
+    class TheirContext:  # TorchServe's: the worker always binds before handle
+        request_processor = None
+
+    theirs = TheirContext()
+    assert batches.bind_implicitly(theirs, [[1.0]]) is False and theirs.request_processor is None

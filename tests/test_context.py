@@ -1,6 +1,8 @@
-"""MockContext and RequestProcessor (handlerkit.context).
+"""MockContext (handlerkit.context).
 
-Reading a model dir (manifest, config discovery) is tested in test_modeldir.py.
+Reading a model dir (manifest, config discovery) is tested in test_modeldir.py, the request
+processors in test_request_processor.py, and TorchServe's own handler unit tests run with this
+MockContext swapped in (test_context_torchserve_unit_tests.py).
 """
 
 from __future__ import annotations
@@ -14,43 +16,8 @@ import pytest
 
 from handlerkit import context as context_module
 from handlerkit.config import parse_config
-from handlerkit.context import (
-    MockContext,
-    RecordingMetrics,
-    RequestProcessor,
-    ResponseInfo,
-    bind_requests,
-    read_responses,
-)
+from handlerkit.context import MockContext, RecordingMetrics, ResponseInfo, bind_requests
 from handlerkit.errors import HandlerkitWarning, ModelLoadError
-
-# ---------------------------------------------------------------------------------------------
-# RequestProcessor
-# ---------------------------------------------------------------------------------------------
-
-
-def test_request_processor_defaults_and_setters():
-    headers = {"explain": "True", "body": {"content-type": "image/png"}}
-    rp = RequestProcessor(headers)
-    assert rp.get_response_status_code() == 200
-    assert rp.get_response_status_phrase() is None
-    assert rp.get_response_headers() == {}
-    assert rp.get_request_property("explain") == "True"
-    assert rp.get_request_property("body") == {"content-type": "image/png"}
-    assert rp.get_request_property("Explain") is None  # case-sensitive, as TorchServe
-    assert rp.get_request_properties() is headers  # kept by reference, as TorchServe
-
-    rp.report_status(404, reason_phrase="nope")
-    assert (rp.get_response_status_code(), rp.get_response_status_phrase()) == (404, "nope")
-    rp.report_status(500)
-    assert rp.get_response_status_phrase() is None
-
-    rp.add_response_property("content-type", "application/json")
-    assert rp.get_response_header("content-type") == "application/json"
-    assert rp.get_response_header("missing") is None
-    assert rp.get_response_headers() == {"content-type": "application/json"}
-    assert "500" in repr(rp)
-
 
 # ---------------------------------------------------------------------------------------------
 # MockContext: TorchServe's test signature and every Context method
@@ -103,22 +70,19 @@ def test_mock_context_defaults(monkeypatch, tmp_path):
 
 
 @pytest.mark.torchserve
-def test_before_any_batch_header_reads_fail_as_in_torchserve():
-    """TorchServe's Context has request_processor None until the first predict: a handler that
-    reads headers in initialize crashes the model load there, so it must fail here too."""
+def test_before_any_batch_responses_fail_as_in_torchserve():
+    """TorchServe's Context has request_processor None until the first predict: setting or
+    reading a response before a batch fails there, so it fails here too, with the fix."""
     from ts.context import Context
 
     ours = MockContext(gpu_id=None)
     theirs = Context("m", "/tmp", {"model": {}}, 1, None, "0.12.0")
     calls = {
-        "get_request_header": lambda c: c.get_request_header(0, "explain"),
-        "get_all_request_header": lambda c: c.get_all_request_header(0),
         "get_response_status": lambda c: c.get_response_status(0),
         "get_response_headers": lambda c: c.get_response_headers(0),
         "get_response_content_type": lambda c: c.get_response_content_type(0),
         "set_response_header": lambda c: c.set_response_header(0, "a", "b"),
         "set_response_content_type": lambda c: c.set_response_content_type(0, "text/plain"),
-        "get_sequence_id": lambda c: c.get_sequence_id(0),
         "set_all_response_status": lambda c: c.set_all_response_status(500, "x"),
     }
     for name, call in calls.items():
@@ -127,10 +91,59 @@ def test_before_any_batch_header_reads_fail_as_in_torchserve():
         with pytest.raises(TypeError, match=r"request_processor is None until a batch is bound") as got:
             call(ours)
         assert str(got.value).startswith(str(expected.value)), name
+        assert "bind its data first as the worker does: hk.Batch.coerce(data).bind(ctx)" in str(got.value)
     # set_response_status keeps TorchServe's None guard; get_request_id gives None.
     for ctx in (ours, theirs):
         ctx.set_response_status(500, "x")
         assert ctx.request_ids is None and ctx.get_request_id(0) is None
+
+
+@pytest.mark.torchserve
+def test_before_any_batch_header_reads_answer_as_torchserves_test_mock():
+    """TorchServe's handler unit tests call handle(data, ctx) on their test MockContext, whose
+    get_request_header answers False for request 0: explain and describe are off. Ours answers
+    as for a request without headers, whatever ``explain`` is set to (theirs reads it only for
+    requests after the first)."""
+    from ts.torch_handler.unit_tests.test_utils.mock_context import MockContext as TsMockContext
+
+    ours, theirs = MockContext(gpu_id=None), TsMockContext(gpu_id=None)
+    assert ours.explain is theirs.explain is False
+    for ctx in (ours, theirs):
+        ctx.explain = True
+        for key in ("explain", "describe", "url_path"):
+            assert not ctx.get_request_header(0, key), key
+    assert ours.get_request_header(0, "explain") is None
+    assert ours.get_request_header(3, "describe") is None  # any index: there is no batch to be out of
+    assert ours.get_all_request_header(0) == {}
+    assert ours.get_sequence_id(0) is None
+    assert ours.request_processor is None and ours.responses() == []
+
+
+def test_header_reads_are_noted_only_inside_the_block():
+    ctx = MockContext()
+    ctx.get_request_header(0, "before")
+    with ctx.noting_header_reads() as reads:
+        ctx.get_request_header(0, "explain")
+        ctx.get_request_header(0, "explain")  # noted once
+        ctx.get_all_request_header(1)
+        with ctx.noting_header_reads() as inner:
+            ctx.get_sequence_id(0)
+        _bound(ctx, [{"explain": "True"}])
+        assert ctx.get_request_header(0, "explain") == "True"  # bound: answered, and noted as well
+    ctx.get_request_header(0, "after")
+    assert inner == ["get_sequence_id(0)"]
+    assert reads == ["get_request_header(0, 'explain')", "get_all_request_header(1)"]
+
+
+def test_implicit_batch_is_reset_by_any_binding():
+    ctx = MockContext()
+    assert ctx.implicit_batch is False
+    ctx.implicit_batch = True
+    _bound(ctx, [{}])
+    assert ctx.implicit_batch is False
+    ctx.implicit_batch = True
+    ctx.request_processor = None  # set directly, as TorchServe's service does
+    assert ctx.implicit_batch is False
 
 
 def test_mock_context_falsy_files_left_out_and_gpu_none_kept():
@@ -257,27 +270,6 @@ def test_sequence_header_defaults(monkeypatch):
     assert ctx.header_key_sequence_id == "ts_request_sequence_id"
     assert ctx.header_key_sequence_start == "ts_request_sequence_start"
     assert ctx.header_key_sequence_end == "ts_request_sequence_end"
-
-
-def test_bind_requests_gives_fresh_processors_and_copies():
-    ctx = MockContext()
-    headers = [{"body": {"content-type": "text/plain"}}]
-    _bound(ctx, headers)
-    ctx.set_response_status(500, "boom")
-    ctx.get_all_request_header(0)["body"]["content-type"] = "mutated"
-    assert headers[0]["body"]["content-type"] == "text/plain"
-    _bound(ctx, headers)
-    assert ctx.get_response_status(0) == (200, None)
-    assert ctx.metrics.request_ids == {0: "req-0"}
-    with pytest.raises(ValueError, match="one header dict per request id"):
-        bind_requests(ctx, {0: "a", 1: "b"}, [{}])
-
-
-def test_read_responses_on_plain_object():
-    class Ctx:
-        request_processor = None
-
-    assert read_responses(Ctx()) == []
 
 
 def test_intermediate_responses_are_collected():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -9,9 +11,11 @@ import handlerkit as hk
 from handlerkit.contract import (
     HANDLER_STAGES,
     STAGES,
+    HeaderReads,
     Problem,
     check_output,
     check_statuses,
+    header_reads_in_initialize,
     response_statuses,
     skipped_stages,
 )
@@ -85,3 +89,32 @@ def test_response_statuses_read_what_the_handler_set():
     statuses = response_statuses(ctx, 2)
     assert statuses == [(200, None), (413, "Payload Too Large")]
     assert check_statuses(statuses, stage="postprocess") == []
+
+
+def test_header_reads_in_initialize_are_one_problem_naming_each_read():
+    assert header_reads_in_initialize([]) == []
+    [problem] = header_reads_in_initialize(["get_request_header(0, 'explain')", "get_sequence_id(0)"])
+    assert (problem.check, problem.stage, problem.severity) == ("header-in-initialize", "initialize", "error")
+    assert "(context.get_request_header(0, 'explain'), context.get_sequence_id(0))" in problem.message
+    assert "the read raises TypeError and the model fails to load" in problem.message
+    assert problem.fix.startswith("read request headers per request in preprocess or handle")
+    assert str(problem).startswith("initialize: read request headers (")
+
+
+def test_header_reads_note_a_mock_contexts_reads_inside_the_block_only():
+    ctx = hk.MockContext()
+    result = types.SimpleNamespace(problems=[])
+    with HeaderReads(ctx) as reads:
+        ctx.get_request_header(0, "mode")
+        assert reads.add_to(None) == []  # no result to add to (initialize never got one)
+        [problem] = reads.add_to(result)
+    ctx.get_request_header(0, "later")
+    assert result.problems == [problem] and reads.reads == ["get_request_header(0, 'mode')"]
+
+    class TheirContext:  # TorchServe's Context has no notes: it raises on such a read itself
+        pass
+
+    with HeaderReads(TheirContext()) as none:
+        pass
+    assert none.add_to(types.SimpleNamespace(problems=[])) == []
+

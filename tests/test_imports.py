@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.memory": 2,
     "handlerkit.contract": 2,
     "handlerkit.context": 2,
+    "handlerkit.request_processor": 2,
     "handlerkit.metrics": 2,
     "handlerkit.metrics_config": 2,
     "handlerkit.requests": 2,

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import torch
 
 from handlerkit._stack import user_stacklevel
-from handlerkit.batches import payload
+from handlerkit.batches import bind_implicitly, payload
 from handlerkit.devices import choose_device
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, ModelLoadError
 from handlerkit.formats import detect_format, load_model
@@ -368,8 +368,12 @@ class BaseHandler:
     # ------------------------------------------------------------------ handle
     def handle(self, data: list[Any], context: Any) -> list[Any]:
         """TorchServe's entry point: describe, explain or preprocess → inference → postprocess
-        (under ``torch.profiler`` when ``ENABLE_TORCH_PROFILER`` is set)."""
+        (under ``torch.profiler`` when ``ENABLE_TORCH_PROFILER`` is set).
+
+        Called directly on a MockContext no batch was bound to (as TorchServe's unit tests call
+        it), it binds ``data`` first: :func:`~handlerkit.batches.bind_implicitly`."""
         start = time.time()
+        bind_implicitly(context, data)
         self.context = context
         if os.environ.get("ENABLE_TORCH_PROFILER"):
             if self.manifest is None:
