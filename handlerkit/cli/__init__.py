@@ -2,10 +2,11 @@
 
 ``handlerkit demo`` runs the built-in image classifier on the bundled shapes model, stage by
 stage. ``run``, ``check``, ``time`` and ``compile`` take ``MODEL FILES...`` (a model dir or a
-``.mar``; one request per file), ``archive`` builds a ``.mar`` and ``inspect`` says what is in
-one. One module per subcommand; each defines ``add_parser`` and a ``command`` returning an
-:class:`~handlerkit.cli._common.Outcome`. Their heavy imports (torch, the harness) happen inside
-``command``, so ``handlerkit --help`` imports only the standard library and stays fast.
+``.mar``; one request per file), ``manifest`` writes a model dir's manifest, ``archive`` builds
+a ``.mar`` and ``inspect`` says what is in one. One module per subcommand; each defines ``add_parser`` and a
+``command`` returning an :class:`~handlerkit.cli._common.Outcome`. Their heavy imports (torch,
+the harness) happen inside ``command``, so ``handlerkit --help`` imports only the standard
+library and stays fast.
 
 Every subcommand takes ``--json`` (one JSON document on stdout and nothing else: what a handler
 prints goes to stderr) and ``--no-progress``. Exit codes: 0 success; 1 a handler failed or a
@@ -37,6 +38,7 @@ _COMMANDS = {
     "check": "check",
     "time": "timing",
     "compile": "compile",
+    "manifest": "manifest",
     "archive": "archive",
     "inspect": "inspect",
     "serve": "serve",
