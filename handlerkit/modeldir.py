@@ -7,7 +7,8 @@ named by ``configFile`` and nothing else.
 
 A dir laid out by hand often has no manifest: :func:`infer_manifest` builds one from the files
 (the single weights file, ``model.py``, ``handler.py``, ``model-config.yaml``) and says why each
-key was chosen; :func:`read_model_dir` warns that it did so. Nothing here imports ``ts``.
+key was chosen; :func:`read_model_dir` warns that it did so, with the command that writes it
+(``handlerkit manifest DIR``: :func:`manifest_command`). Nothing here imports ``ts``.
 
 Example::
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ __all__ = [
     "WEIGHTS_SUFFIXES",
     "ModelDir",
     "infer_manifest",
+    "manifest_command",
     "read_config",
     "read_manifest",
     "read_model_dir",
@@ -159,8 +162,9 @@ def infer_manifest(
             f"model dir {str(model_dir)!r} has several weights files: {', '.join(weights)}; "
             "handlerkit cannot tell which is the model",
             path=str(model_dir),
-            fix=f'write {_MANIFEST} naming "serializedFile" (torch-model-archiver --serialized-file '
-            "does), or keep only one",
+            fix=f"name the model's weights in {_MANIFEST}: "
+            f"{manifest_command(model_dir, '--serialized-file', weights[0])} (or {', '.join(weights[1:])}), as "
+            "torch-model-archiver --serialized-file does; or keep only one",
         )
     model: dict[str, Any] = {}
     inferred: dict[str, str] = {}
@@ -227,7 +231,7 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _warn_inferred(model_dir: Path, manifest: dict[str, Any]) -> None:
-    """Two short lines: what was inferred, and how to make it explicit (details: ``inferred``)."""
+    """What was inferred, in brief, and the command that writes it (details: ``inferred``)."""
     model = manifest["model"]
     files = [model[k] for k in ("serializedFile", "modelFile", "handler", "configFile") if k in model]
     brief = f"from {', '.join(files)}" if files else "with no files"
@@ -235,10 +239,19 @@ def _warn_inferred(model_dir: Path, manifest: dict[str, Any]) -> None:
         brief += "; no weights file found"
     warnings.warn(
         f"handlerkit: inferred the manifest of {model_dir.name}/ {brief}\n"
-        f"  there is no {_MANIFEST}: write one to make it explicit (details: .inferred)",
+        f"  there is no {_MANIFEST}: write one to make it explicit (details: .inferred)\n"
+        f"  fix: {manifest_command(model_dir)}",
         HandlerkitWarning,
         stacklevel=user_stacklevel(),
     )
+
+
+def manifest_command(model_dir: str | os.PathLike[str], *options: str) -> str:
+    """The ``handlerkit manifest`` command line that writes ``model_dir``'s manifest (the dir
+    relative to the working directory when it is below it)."""
+    relative = os.path.relpath(model_dir)
+    shown = os.fspath(model_dir) if relative == ".." or relative.startswith(f"..{os.sep}") else relative
+    return shlex.join(["handlerkit", "manifest", shown, *options])
 
 
 def _config_path(

@@ -11,7 +11,7 @@ import pytest
 
 from handlerkit.context import MockContext
 from handlerkit.errors import ConfigError, HandlerkitWarning, ModelLoadError
-from handlerkit.modeldir import ModelDir, infer_manifest, read_manifest, read_model_dir
+from handlerkit.modeldir import ModelDir, infer_manifest, manifest_command, read_manifest, read_model_dir
 
 
 def _manifest(tmp_path: Path, model: dict, **top) -> Path:
@@ -98,10 +98,11 @@ def test_from_model_dir_infers_manifest_and_says_so(tmp_path):
     with pytest.warns(HandlerkitWarning) as caught:
         ctx = MockContext.from_model_dir(model_dir)
     assert len(caught) == 1
-    # Two short lines: what was inferred in brief, and how to make it explicit.
+    # Short lines: what was inferred in brief, how to make it explicit, and the command that does.
     assert str(caught[0].message).splitlines() == [
         "handlerkit: inferred the manifest of shapes/ from model.onnx, model.py, handler.py, model-config.yaml",
         "  there is no MAR-INF/MANIFEST.json: write one to make it explicit (details: .inferred)",
+        f"  fix: handlerkit manifest {model_dir.resolve()}",
     ]
     assert caught[0].filename == __file__  # stacklevel points at the caller
     assert ctx.manifest == {
@@ -189,9 +190,10 @@ def test_from_model_dir_without_weights_says_none_found(tmp_path):
     with pytest.warns(HandlerkitWarning) as caught:
         ctx = MockContext.from_model_dir(model_dir)
     assert "serializedFile" not in ctx.manifest["model"]
-    first, second = str(caught[0].message).splitlines()
+    first, second, fix = str(caught[0].message).splitlines()
     assert first == "handlerkit: inferred the manifest of bare/ from handler.py; no weights file found"
     assert len(second) <= 100
+    assert fix == f"  fix: handlerkit manifest {model_dir.resolve()}"
 
 
 def test_from_model_dir_ambiguous_weights(tmp_path):
@@ -200,7 +202,18 @@ def test_from_model_dir_ambiguous_weights(tmp_path):
     with pytest.raises(ModelLoadError, match=r"several weights files: a\.pt, b\.pth; handlerkit cannot tell") as info:
         MockContext.from_model_dir(tmp_path)
     assert info.value.path == str(tmp_path.resolve())
-    assert info.value.fix.startswith('write MAR-INF/MANIFEST.json naming "serializedFile"')
+    assert info.value.fix.startswith(
+        f"name the model's weights in MAR-INF/MANIFEST.json: handlerkit manifest {tmp_path.resolve()} "
+        "--serialized-file a.pt (or b.pth), as torch-model-archiver --serialized-file does"
+    )
+
+
+def test_the_manifest_command_names_a_dir_below_the_working_directory_relatively(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my models" / "shapes").mkdir(parents=True)
+    assert manifest_command(tmp_path / "my models" / "shapes") == "handlerkit manifest 'my models/shapes'"
+    assert manifest_command(tmp_path) == "handlerkit manifest ."
+    assert manifest_command("/elsewhere/m", "--force") == "handlerkit manifest /elsewhere/m --force"
 
 
 def test_from_model_dir_malformed_manifest_json(tmp_path):

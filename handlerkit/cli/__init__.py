@@ -1,11 +1,13 @@
 """The ``handlerkit`` command: every harness feature from a terminal or a CI script.
 
 ``handlerkit demo`` runs the built-in image classifier on the bundled shapes model, stage by
-stage. ``run``, ``check``, ``time`` and ``compile`` take ``MODEL FILES...`` (a model dir or a
-``.mar``; one request per file), ``archive`` builds a ``.mar`` and ``inspect`` says what is in
-one. One module per subcommand; each defines ``add_parser`` and a ``command`` returning an
-:class:`~handlerkit.cli._common.Outcome`. Their heavy imports (torch, the harness) happen inside
-``command``, so ``handlerkit --help`` imports only the standard library and stays fast.
+stage; ``new`` writes a handler of your own (a model dir, its tests, a notebook). ``run``,
+``check``, ``time`` and ``compile`` take ``MODEL FILES...`` (a model dir or a ``.mar``; one
+request per file), ``manifest`` writes a model dir's manifest, ``archive`` builds a ``.mar`` and
+``inspect`` says what is in one. One module per subcommand; each defines ``add_parser`` and a
+``command`` returning an :class:`~handlerkit.cli._common.Outcome`. Their heavy imports (torch,
+the harness) happen inside ``command``, so ``handlerkit --help`` imports only the standard
+library and stays fast.
 
 Every subcommand takes ``--json`` (one JSON document on stdout and nothing else: what a handler
 prints goes to stderr) and ``--no-progress``. Exit codes: 0 success; 1 a handler failed or a
@@ -34,10 +36,12 @@ __all__ = ["demo_paths", "main"]
 #: ``timing.py``: a ``time`` attribute on this package would read like the standard module).
 _COMMANDS = {
     "demo": "demo",
+    "new": "new",
     "run": "run",
     "check": "check",
     "time": "timing",
     "compile": "compile",
+    "manifest": "manifest",
     "archive": "archive",
     "inspect": "inspect",
     "serve": "serve",
