@@ -112,6 +112,10 @@ class Harness(Reports):
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self._handler_files = failures.handler_files(self.function or self.handler)
+        failures.refresh_sources(self._handler_files)  # errors show the lines of the code loaded now
+        #: What errors call a request, by request id (``handlerkit run`` names each by its file);
+        #: a request not named here is "request <index>".
+        self.request_names: dict[str, str] = {}
 
     @classmethod
     def open(
@@ -290,6 +294,8 @@ class Harness(Reports):
             imports=self.imports,
             handler_files=self._handler_files,
             on_batch_data=on_batch_data,
+            request_names=self.request_names,
+            enveloped=self.envelope is not None,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:

@@ -16,6 +16,7 @@ from PIL import Image
 
 import handlerkit as hk
 from _strict import Strict
+from _tabular import FEATURES, tabular_dir
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.handlers.image_classifier import ImageClassifier
 
@@ -651,3 +652,15 @@ def test_a_run_failing_midway_keeps_the_stages_before_and_attributes_records(mod
         run = h.run(batch)
         assert run.output == h.handle(batch)
     assert set(h.results) == {"initialize", "preprocess", "inference", "postprocess"}
+
+
+# --------------------------------------------------------------------------- request names
+def test_errors_name_a_request_by_the_name_the_harness_was_given(tmp_path):
+    h = hk.Harness.open(tabular_dir(tmp_path / "tabular", base="handlerkit"))
+    good, misspelt = hk.Request.json({"features": FEATURES}), hk.Request.json({"feature": FEATURES})
+    h.request_names[misspelt.request_id] = "misspelt.json"
+    with pytest.raises(StageError, match=r"^preprocess failed in TabularHandler for misspelt.json: KeyError") as info:
+        h.run([good, misspelt])
+    assert info.value.request_index == 1
+    assert info.value.fix.startswith("the client's payload lacks the key 'features' (did you mean 'feature'?): "
+                                     "misspelt.json sent a JSON object with 'feature'")
