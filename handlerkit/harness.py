@@ -240,13 +240,6 @@ class Harness(Reports):
         self._capture = capture.__enter__()
         return capture
 
-    @property
-    def _current_capture(self) -> Capture:
-        """The capture a run or step opened (it is open whenever a stage runs)."""
-        if self._capture is None:
-            raise HandlerkitError("no capture is open: a stage ran outside a run or step")
-        return self._capture
-
     def _close_capture(self, capture: Capture | None) -> None:
         if capture is not None:
             self._capture = None
@@ -393,12 +386,7 @@ class Harness(Reports):
         capture = self._open_capture()
         try:
             recorder = self._recorder()
-            current = self._current_capture
-            marks = (
-                len(current.warnings),
-                len(current.logs),
-                recorder.metrics.mark() if recorder.metrics is not None else 0,
-            )
+            marks = recorder.mark()
             data, entry, error, output = batch.data, self.entry, None, None
             spied = self._spied
             if spied:
@@ -416,7 +404,8 @@ class Harness(Reports):
             built = recorder.build(self.results)
             lap = recorder.failed(error) if error is not None else None
             if not built or (error is not None and lap is None):  # handle ran no stage, or failed outside them
-                built.append(self._handle_result(data, output, handle_ms, marks, recorder))
+                self.results["handle"] = recorder.whole(data, output, handle_ms, marks)
+                built.append(self.results["handle"])
             if error is not None:
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
@@ -443,25 +432,6 @@ class Harness(Reports):
             mode = "stages" if any(s in stages for s in HANDLER_STAGES) else "handle"
         return Run(output=output, stages=stages, batch_size=count, mode=mode, handle_ms=handle_ms, source=self.handler)
 
-    def _handle_result(
-        self, data: Any, output: Any, handle_ms: float, marks: tuple[int, int, int], recorder: Recorder
-    ) -> StageResult:
-        """The single ``handle`` stage of a run in which handle called no stage method."""
-        capture, metrics = self._current_capture, recorder.metrics
-        records = metrics.since(marks[2]) if metrics is not None else []
-        result = StageResult(
-            "handle",
-            data,
-            output,
-            handle_ms,
-            warnings=capture.warnings[marks[0] :],
-            logs=capture.logs[marks[1] :],
-            metrics=records,
-            source=recorder.source,
-        )
-        self.results["handle"] = result
-        return result
-
     def handle(self, batch_or_data: Any) -> Any:
         """Exactly what the worker does: ``handle(batch.data, context)`` after binding the batch."""
         return self.service.handle(batch_or_data)
@@ -484,8 +454,9 @@ class Harness(Reports):
         if self.is_function:
             service.replace(function=replacement)
         else:
+            previous = type(self.handler)  # what stage methods taken before (MicroBatching's) run
             service.replace(handler_class=replacement)
-            self._spied = spy.spy_on(self.handler)
+            self._spied = spy.spy_on(self.handler, previous)
         self._handler_files = failures.handler_files(self.function or self.handler)
         self._invalidate_from("preprocess")
 

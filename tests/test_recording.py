@@ -397,3 +397,99 @@ def test_a_parameter_the_request_lacks_is_told_as_torchserves_layout_and_a_label
     with pytest.raises(StageError, match=r"KeyError: 'medium'") as info:
         h.run([hk.Request.json({"size": "medium"})])  # the client's value, not a missing field
     assert info.value.fix.startswith("KeyError was raised at test_recording.py line ")
+
+
+@pytest.mark.torchserve
+def test_a_stage_replaced_on_the_instance_is_recorded_and_blamed(tmp_path):
+    h = hk.Harness.open(tabular_dir(tmp_path / "tabular"))
+    batch = [hk.Request.json({"features": FEATURES})] * 2
+    h.handler.postprocess = lambda scores: [1]  # a test's stub: one answer for two requests
+    with pytest.warns(hk.HandlerkitWarning, match=r"postprocess: must return one item per request: got 1 item"):
+        run = h.run(batch)
+    assert list(run.stages) == ["initialize", "preprocess", "inference", "postprocess"]
+    assert run.stages["postprocess"].output == [1] and tuple(run.stages["postprocess"].input.shape) == (2, 3)
+    assert [p.stage for p in run.problems] == ["postprocess"] and run.stages["inference"].problems == []
+    assert h.handler.postprocess(None) == [1]  # the instance keeps its stub after the run
+
+    h.handler.postprocess = lambda scores: [1 / 0]
+    with pytest.raises(StageError, match=r"^postprocess failed in TabularHandler for the batch: ZeroDivisionError"):
+        h.run(batch)
+    del h.handler.postprocess
+    h.handler.preprocess = h.handler.preprocess  # the harness's own recording method, kept on the instance
+    run = h.run(batch)
+    assert run.stages["preprocess"].calls == 1 and len(run.output) == 2  # recorded once, not twice
+
+
+def _run_within(h, batch, seconds: float = 30.0):
+    """``h.run(batch)``, failing rather than hanging: a MicroBatching waits forever for the answer
+    of a stage thread that died (as one calling a method of a class it no longer belongs to)."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["run"] = h.run(batch)
+        except BaseException as exc:  # handed to the test's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"no answer within {seconds} s: a MicroBatching thread died"
+    if "error" in box:
+        raise box["error"]
+    return box["run"]
+
+
+def _stop(batching) -> None:
+    """Stop a MicroBatching's threads (each polls its queue every 0.5 s): all told, then joined."""
+    workers = [w for group in batching.thread_groups.values() for w in group]
+    for worker in workers:
+        worker.event.set()
+    for worker in workers:
+        worker.thread.join()
+
+
+@pytest.mark.torchserve
+def test_a_micro_batching_built_before_the_harness_saw_the_handler_still_gives_each_stage(tmp_path):
+    from ts.handler_utils.micro_batching import MicroBatching
+
+    model_dir = tabular_dir(tmp_path / "tabular")
+    handler_class = hk.Harness.open(model_dir).handler.__class__.__mro__[1]  # handler.py's TabularHandler
+
+    class MicroBatched(handler_class):
+        def __init__(self):
+            super().__init__()
+            self.handle = MicroBatching(self, micro_batch_size=1)  # takes the stage methods now
+
+    handler = MicroBatched()
+    try:
+        h = hk.Harness(handler, hk.MockContext.from_model_dir(model_dir))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", hk.HandlerkitWarning)  # no "never called preprocess ..."
+            run = _run_within(h, [hk.Request.json({"features": FEATURES})] * 2)
+        assert {s: run.stages[s].calls for s in ("preprocess", "inference", "postprocess")} == {
+            "preprocess": 2, "inference": 2, "postprocess": 2,
+        }
+        assert len(run.output) == 2 and "handle" not in run.stages
+    finally:
+        _stop(handler.handle)
+
+
+@pytest.mark.torchserve
+def test_a_reloaded_handler_whose_init_builds_a_micro_batching_runs_the_new_code(tmp_path):
+    model_dir = tabular_dir(tmp_path / "tabular")
+    handler_py = model_dir / "handler.py"
+    handler_py.write_text(
+        handler_py.read_text().replace("from ts.torch_handler.base_handler import BaseHandler", "from ts.torch_handler.base_handler import BaseHandler\nfrom ts.handler_utils.micro_batching import MicroBatching")
+        .replace("class TabularHandler(BaseHandler):\n", "class TabularHandler(BaseHandler):\n    def __init__(self):\n        super().__init__()\n        self.handle = MicroBatching(self)\n\n")
+    )
+    h = hk.Harness.open(model_dir)
+    try:
+        batch = [hk.Request.json({"features": FEATURES})]
+        assert set(_run_within(h, batch).output[0]) == {"label", "probability"}
+        handler_py.write_text(handler_py.read_text().replace('"probability": float(p)', '"score": float(p)'))
+        h.reload()
+        run = _run_within(h, batch)
+        assert set(run.output[0]) == {"label", "score"} and run.stages["postprocess"].calls == 1
+    finally:
+        _stop(h.handler.handle)
