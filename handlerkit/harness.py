@@ -331,13 +331,21 @@ class Harness(Reports):
         return self._step("inference", self.handler.inference, x, self._count())
 
     def postprocess(self, y: Any = None) -> StageResult:
-        """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract."""
+        """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract.
+
+        Under an envelope the output is what the worker sends back: the handler's items wrapped
+        by the envelope (one answer per request, as ``h.run(batch).output``), as ``preprocess``
+        got the envelope's unwrapped view of the batch."""
         self._need_stage_methods("postprocess")
         if y is None:
             y = self._last_output("inference", "postprocess")
         self._invalidate_from("postprocess")
         count = self._count()
-        result = self._step("postprocess", self.handler.postprocess, y, count)
+        stage = self.handler.postprocess
+        envelope = self.service.envelope
+        if envelope is not None:
+            stage = lambda value: _wrapped(envelope, self.handler.postprocess(value))
+        result = self._step("postprocess", stage, y, count)
         result.problems = check_output(result.output, count, stage="postprocess")
         self._warn_problems(result.problems)
         return result
@@ -463,6 +471,15 @@ class Harness(Reports):
     def __repr__(self) -> str:
         done = ", ".join(f"{k}{'' if v.ok else '!'}" for k, v in self.results.items()) or "nothing run yet"
         return f"<Harness {self.name}: {done}>"
+
+
+def _wrapped(envelope: Any, output: Any) -> Any:
+    """What the worker's envelope answers for ``output``: formatted, unless it is empty (then
+    it goes back as it is, for the worker to reject), as :meth:`Envelope.handle
+    <handlerkit.envelopes.Envelope.handle>` does after calling ``handle``."""
+    if output is None or (isinstance(output, (list, tuple, dict, str)) and not output):
+        return output
+    return envelope.format_output(output)
 
 
 def _build_spied(cls: type) -> Any:
