@@ -420,6 +420,26 @@ def test_a_stage_replaced_on_the_instance_is_recorded_and_blamed(tmp_path):
     assert run.stages["preprocess"].calls == 1 and len(run.output) == 2  # recorded once, not twice
 
 
+def test_stage_methods_kept_by_init_before_the_harness_saw_the_handler_are_recorded():
+    class Kept(Plain):
+        def __init__(self):
+            self.stages = (self.preprocess, self.inference, self.postprocess)  # taken before any harness
+            self.first = self.preprocess
+
+        def handle(self, data, context):
+            pre, infer, post = self.stages
+            return post(infer(pre(data)))
+
+    handler = Kept()
+    h = hk.Harness(handler, hk.MockContext(gpu_id=None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hk.HandlerkitWarning)  # no "never called preprocess ..."
+        run = h.run([{"body": 2}, {"body": 3}])
+    assert run.output == [4, 6] and list(run.stages) == ["initialize", "preprocess", "inference", "postprocess"]
+    assert run.stages["inference"].input == [2, 3]
+    assert handler.first([{"body": 1}]) == [1]  # still the handler's own preprocess, now recorded in runs
+
+
 def _run_within(h, batch, seconds: float = 30.0):
     """``h.run(batch)``, failing rather than hanging: a MicroBatching waits forever for the answer
     of a stage thread that died (as one calling a method of a class it no longer belongs to)."""

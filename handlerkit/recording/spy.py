@@ -172,19 +172,25 @@ def _retake(handler: Any, previous: type) -> None:
         if isinstance(func, types.FunctionType):
             stale[func] = name
 
-    def fresh(value: Any) -> Any:
+    spied = vars(type(handler))
+
+    def fresh(value: Any) -> Any:  # the spied class's method in place of the old one
         if isinstance(value, types.MethodType) and value.__self__ is handler and value.__func__ in stale:
-            return getattr(handler, stale[value.__func__])
+            spy = spied.get(stale[value.__func__])
+            return types.MethodType(spy, handler) if spy is not None else value
         return value
 
+    names = {name for name, _stage in SPIED}
     for key, value in list(own.items()):
+        if key in names:  # a stage set on the instance is the user's own: start() records it
+            continue
         if type(value) in (list, tuple):
             items = [fresh(v) for v in value]
             if any(a is not b for a, b in zip(items, value)):
                 own[key] = type(value)(items)
         elif _micro_batching(value, handler):
             _restart_threads(value)
-        else:
+        elif fresh(value) is not value:
             own[key] = fresh(value)
 
 
