@@ -31,7 +31,7 @@ from typing import Any
 from handlerkit._optional import require
 from handlerkit.errors import ModelLoadError
 
-__all__ = ["FORMATS", "LoadedModel", "OnnxModel", "detect_format", "export_model", "load_model"]
+__all__ = ["FORMATS", "STATE_DICT_FIX", "LoadedModel", "OnnxModel", "detect_format", "export_model", "load_model"]
 
 FORMATS = ("eager", "torchscript", "onnx", "aoti", "aoti-so", "export")
 
@@ -224,6 +224,10 @@ def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, devi
     )
 
 
+#: The fix for weights that do not fit the model class (torch's "Error(s) in loading state_dict" too).
+STATE_DICT_FIX = "ship the model.py the weights were trained with, or re-save the weights from it"
+
+
 def _load_state_dict(model: Any, state_dict: dict, path: str, class_name: str) -> None:
     own = model.state_dict()
     missing = [k for k in own if k not in state_dict]
@@ -242,9 +246,7 @@ def _load_state_dict(model: Any, state_dict: dict, path: str, class_name: str) -
         problems.append(f"shape mismatches {_preview(shapes)}")
     if problems:
         raise ModelLoadError(
-            f"the state_dict in {path} does not fit {class_name}: " + "; ".join(problems),
-            path=path,
-            fix="ship the model.py the weights were trained with, or re-save the weights from it",
+            f"the state_dict in {path} does not fit {class_name}: " + "; ".join(problems), path=path, fix=STATE_DICT_FIX
         )
     model.load_state_dict(state_dict)
 

@@ -112,6 +112,10 @@ class Harness(Reports):
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self._handler_files = failures.handler_files(self.function or self.handler)
+        failures.refresh_sources(self._handler_files)  # errors show the lines of the code loaded now
+        #: What errors call a request, by request id (``handlerkit run`` names each by its file);
+        #: a request not named here is "request <index>".
+        self.request_names: dict[str, str] = {}
 
     @classmethod
     def open(
@@ -236,13 +240,6 @@ class Harness(Reports):
         self._capture = capture.__enter__()
         return capture
 
-    @property
-    def _current_capture(self) -> Capture:
-        """The capture a run or step opened (it is open whenever a stage runs)."""
-        if self._capture is None:
-            raise HandlerkitError("no capture is open: a stage ran outside a run or step")
-        return self._capture
-
     def _close_capture(self, capture: Capture | None) -> None:
         if capture is not None:
             self._capture = None
@@ -290,6 +287,8 @@ class Harness(Reports):
             imports=self.imports,
             handler_files=self._handler_files,
             on_batch_data=on_batch_data,
+            request_names=self.request_names,
+            enveloped=self.envelope is not None,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:
@@ -335,13 +334,21 @@ class Harness(Reports):
         return self._step("inference", self.handler.inference, x, self._count())
 
     def postprocess(self, y: Any = None) -> StageResult:
-        """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract."""
+        """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract.
+
+        Under an envelope the output is what the worker sends back: the handler's items wrapped
+        by the envelope (one answer per request, as ``h.run(batch).output``), as ``preprocess``
+        got the envelope's unwrapped view of the batch."""
         self._need_stage_methods("postprocess")
         if y is None:
             y = self._last_output("inference", "postprocess")
         self._invalidate_from("postprocess")
         count = self._count()
-        result = self._step("postprocess", self.handler.postprocess, y, count)
+        stage = self.handler.postprocess
+        envelope = self.service.envelope
+        if envelope is not None:
+            stage = lambda value: _wrapped(envelope, self.handler.postprocess(value))
+        result = self._step("postprocess", stage, y, count)
         result.problems = check_output(result.output, count, stage="postprocess")
         self._warn_problems(result.problems)
         return result
@@ -390,12 +397,7 @@ class Harness(Reports):
         capture = self._open_capture()
         try:
             recorder = self._recorder()
-            current = self._current_capture
-            marks = (
-                len(current.warnings),
-                len(current.logs),
-                recorder.metrics.mark() if recorder.metrics is not None else 0,
-            )
+            marks = recorder.mark()
             data, entry, error, output = batch.data, self.entry, None, None
             spied = self._spied
             if spied:
@@ -413,7 +415,8 @@ class Harness(Reports):
             built = recorder.build(self.results)
             lap = recorder.failed(error) if error is not None else None
             if not built or (error is not None and lap is None):  # handle ran no stage, or failed outside them
-                built.append(self._handle_result(data, output, handle_ms, marks, recorder))
+                self.results["handle"] = recorder.whole(data, output, handle_ms, marks)
+                built.append(self.results["handle"])
             if error is not None:
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
@@ -440,25 +443,6 @@ class Harness(Reports):
             mode = "stages" if any(s in stages for s in HANDLER_STAGES) else "handle"
         return Run(output=output, stages=stages, batch_size=count, mode=mode, handle_ms=handle_ms, source=self.handler)
 
-    def _handle_result(
-        self, data: Any, output: Any, handle_ms: float, marks: tuple[int, int, int], recorder: Recorder
-    ) -> StageResult:
-        """The single ``handle`` stage of a run in which handle called no stage method."""
-        capture, metrics = self._current_capture, recorder.metrics
-        records = metrics.since(marks[2]) if metrics is not None else []
-        result = StageResult(
-            "handle",
-            data,
-            output,
-            handle_ms,
-            warnings=capture.warnings[marks[0] :],
-            logs=capture.logs[marks[1] :],
-            metrics=records,
-            source=recorder.source,
-        )
-        self.results["handle"] = result
-        return result
-
     def handle(self, batch_or_data: Any) -> Any:
         """Exactly what the worker does: ``handle(batch.data, context)`` after binding the batch."""
         return self.service.handle(batch_or_data)
@@ -481,14 +465,24 @@ class Harness(Reports):
         if self.is_function:
             service.replace(function=replacement)
         else:
+            previous = type(self.handler)  # what stage methods taken before (MicroBatching's) run
             service.replace(handler_class=replacement)
-            self._spied = spy.spy_on(self.handler)
+            self._spied = spy.spy_on(self.handler, previous)
         self._handler_files = failures.handler_files(self.function or self.handler)
         self._invalidate_from("preprocess")
 
     def __repr__(self) -> str:
         done = ", ".join(f"{k}{'' if v.ok else '!'}" for k, v in self.results.items()) or "nothing run yet"
         return f"<Harness {self.name}: {done}>"
+
+
+def _wrapped(envelope: Any, output: Any) -> Any:
+    """What the worker's envelope answers for ``output``: formatted, unless it is empty (then
+    it goes back as it is, for the worker to reject), as :meth:`Envelope.handle
+    <handlerkit.envelopes.Envelope.handle>` does after calling ``handle``."""
+    if output is None or (isinstance(output, (list, tuple, dict, str)) and not output):
+        return output
+    return envelope.format_output(output)
 
 
 def _build_spied(cls: type) -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from _tabular import FEATURES, tabular_dir
 from handlerkit.cli import demo_paths, main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -492,3 +493,31 @@ def test_time_sweep_before_the_model_does_not_take_the_model_for_its_sizes(capsy
     assert all(key == "batch_size" or key.endswith(("_ms", "_rps")) for key in data["rows"][0])  # units in keys
     code, data = cli_json(capsys, "time", "--sweep", "1,2", MODEL, CIRCLE, "--repeat", "1", "--warmup", "0")
     assert code == 0 and [r["batch_size"] for r in data["rows"]] == [1, 2]
+
+
+# ------------------------------------------------------------- errors name what the user typed
+def test_errors_name_the_request_file_and_a_mars_members_by_their_names_in_it(tmp_path, capsys):
+    good, misspelt = tmp_path / "good.json", tmp_path / "misspelt.json"
+    good.write_text(json.dumps({"features": FEATURES}))
+    misspelt.write_text(json.dumps({"feature": FEATURES}))
+    _, built = cli_json(capsys, "archive", tabular_dir(tmp_path / "tabular", base="handlerkit"), "-o", tmp_path / "store")
+    mar = built["path"]
+
+    code, out, err = cli(capsys, "run", mar, good, misspelt)
+    assert code == 1 and out == ""
+    assert err.startswith(f"handlerkit: error: preprocess failed in TabularHandler for {misspelt}: KeyError: 'features'\n")
+    assert f"\n  at {mar}/handler.py:8: " in err and "handlerkit-mar-" not in err  # the unpacked dir is gone
+    assert f"{misspelt} sent a JSON object with 'feature'" in err
+
+    code, data = cli_json(capsys, "check", mar, good, misspelt)
+    assert code == 1 and [(p["request"], p["file"]) for p in data["problems"]] == [(1, str(misspelt))]
+    assert data["problems"][0]["message"].startswith(f"preprocess failed in TabularHandler for {misspelt}: ")
+
+
+def test_an_initialize_error_in_a_mar_names_the_file_in_the_archive(tmp_path, capsys):
+    model = tabular_dir(tmp_path / "tabular", base="handlerkit", outputs=2)  # weights that do not fit
+    _, built = cli_json(capsys, "archive", model, "-o", tmp_path / "store")
+    code, out, err = cli(capsys, "run", built["path"])
+    assert code == 1 and out == ""
+    assert f"ModelLoadError: the state_dict in {built['path']}/model.pt does not fit TabNet" in err
+    assert "handlerkit-mar-" not in err

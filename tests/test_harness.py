@@ -16,6 +16,7 @@ from PIL import Image
 
 import handlerkit as hk
 from _strict import Strict
+from _tabular import FEATURES, tabular_dir
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.handlers.image_classifier import ImageClassifier
 
@@ -651,3 +652,46 @@ def test_a_run_failing_midway_keeps_the_stages_before_and_attributes_records(mod
         run = h.run(batch)
         assert run.output == h.handle(batch)
     assert set(h.results) == {"initialize", "preprocess", "inference", "postprocess"}
+
+
+# -------------------------------------------------------------------- envelopes, request names
+class Instances(hk.BaseHandler):
+    """Reads the json envelope's instances: ``{"features": [4 floats]}`` each."""
+
+    def preprocess(self, data):
+        return torch.tensor([instance["features"] for instance in data], dtype=torch.float32)
+
+    def postprocess(self, scores):
+        return scores.argmax(dim=1).tolist()
+
+
+def test_stepping_under_an_envelope_agrees_with_run(tmp_path):
+    from handlerkit.envelopes import request
+
+    ctx = hk.MockContext.from_model_dir(tabular_dir(tmp_path / "tabular", base="handlerkit"))
+    h = hk.Harness(Instances, ctx, envelope="json")
+    rows = [{"features": FEATURES}, {"features": FEATURES[::-1]}, {"features": [1.0, 1.0, 1.0, 1.0]}]
+    batch = hk.batch(request("json", rows[:2]), request("json", rows[2:]))  # two requests, three instances
+    run = h.run(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HandlerkitWarning)  # no "got 3 item(s) for a batch of 2"
+        assert tuple(h.preprocess(batch).output.shape) == (3, 4)  # the envelope's instances
+        h.inference()
+        stepped = h.postprocess()
+    assert stepped.output == run.output and stepped.problems == []
+    assert [len(json.loads(answer)["predictions"]) for answer in stepped.output] == [2, 1]
+
+    h.handler.postprocess = lambda scores: [0]  # one prediction for three instances
+    with pytest.raises(StageError, match=r"^postprocess failed in Instances for the batch: .*one item per instance: got 1 items for 3"):
+        h.postprocess(run.stages["inference"].output)
+
+
+def test_errors_name_a_request_by_the_name_the_harness_was_given(tmp_path):
+    h = hk.Harness.open(tabular_dir(tmp_path / "tabular", base="handlerkit"))
+    good, misspelt = hk.Request.json({"features": FEATURES}), hk.Request.json({"feature": FEATURES})
+    h.request_names[misspelt.request_id] = "misspelt.json"
+    with pytest.raises(StageError, match=r"^preprocess failed in TabularHandler for misspelt.json: KeyError") as info:
+        h.run([good, misspelt])
+    assert info.value.request_index == 1
+    assert info.value.fix.startswith("the client's payload lacks the key 'features' (did you mean 'feature'?): "
+                                     "misspelt.json sent a JSON object with 'feature'")

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import pickle
 import threading
+import warnings
 
 import pytest
 
 import handlerkit as hk
+from _tabular import FEATURES, tabular_dir
 from handlerkit.errors import HandlerkitError, RequestError, StageError
 from handlerkit.recording import failures
 from handlerkit.recording import spy as _recorder
@@ -204,7 +207,7 @@ def test_a_stage_error_from_a_foreign_exception_points_at_the_raising_line(tmp_p
     assert error.location == (str(source), 2, "return data[0]['image']")
     assert f"at {source}:2: return data[0]['image']" in error.message
     assert error.stage == "preprocess" and error.request_index == 0 and isinstance(error.original, KeyError)
-    assert error.fix.startswith("a request lacks the field")  # KeyError in preprocess: the usual cause
+    assert error.fix.startswith("a dict lacks the key the handler reads")  # no batch to tell which dict
 
 
 def test_a_stage_error_without_a_known_cause_names_the_line_in_its_fix(tmp_path):
@@ -301,3 +304,212 @@ def test_a_batch_error_names_the_request_that_fails_alone():
     told = failures.batch_error("preprocess", RequestError("not JSON", 2), handler=handler, handler_name="Picky",
                                 batch=batch, context=ctx, imports=imports, on_batch_data=True)
     assert told.request_index == 2
+
+
+# -- fixes that fit the handler: a tabular handler, TorchServe's BaseHandler, a real reload ---
+TABULAR_SOURCE = (
+    "class Tabular:\n"
+    "    def initialize(self, context): pass\n"
+    "    def preprocess(self, data):\n"
+    "        return [row['body']['features'] for row in data]\n"
+    "    def handle(self, data, context): return self.preprocess(data)\n"
+)
+
+
+def test_reload_shows_the_line_that_raised_from_the_file_as_it_is_now(tmp_path):
+    source = tmp_path / "tabular.py"
+    source.write_text(TABULAR_SOURCE)
+    h = hk.Harness("tabular.py", hk.MockContext(model_dir=str(tmp_path), gpu_id=None))
+    with pytest.raises(StageError) as before:
+        h.run([{"body": {"feature": [1.0]}}])
+    assert before.value.location[1:] == (4, "return [row['body']['features'] for row in data]")
+    stamp = os.stat(source).st_mtime_ns
+    source.write_text(
+        "# two lines added above the class move every line down\n\n"
+        + TABULAR_SOURCE.replace("return [row['body']['features'] for row in data]",
+                                 "rows = [row['body'] for row in data]\n        return [r['values'] for r in rows]")
+    )
+    os.utime(source, ns=(stamp, stamp))  # an edit within one clock tick: the mtime says nothing changed
+    h.reload()
+    with pytest.raises(StageError, match=r"at .*tabular\.py:7: return \[r\['values'\] for r in rows\]") as after:
+        h.run([{"body": {"feature": [1.0]}}])
+    assert after.value.location == (str(source), 7, "return [r['values'] for r in rows]")
+
+
+def test_a_syntax_error_on_reload_has_its_location_and_a_fix_and_says_failed_once(tmp_path):
+    source = tmp_path / "tabular.py"
+    source.write_text(TABULAR_SOURCE)
+    h = hk.Harness("tabular.py", hk.MockContext(model_dir=str(tmp_path), gpu_id=None))
+    source.write_text(TABULAR_SOURCE.replace("def preprocess(self, data):", "def preprocess(self, data)"))
+    with pytest.raises(StageError, match=r"^reload of tabular\.py failed, Tabular keeps its previous code: SyntaxError") as info:
+        h.reload()
+    error = info.value
+    assert error.stage == "reload" and error.location == (str(source), 3, "def preprocess(self, data)")
+    assert error.fix == "SyntaxError was raised at tabular.py line 3; correct it there, then h.reload() again"
+    assert str(error).count("failed") == 1 and "for the batch" not in str(error)
+    assert h.run([{"body": {"features": [1.0]}}]).output == [[1.0]]  # the previous code runs on
+
+
+@pytest.mark.torchserve
+def test_weights_that_do_not_fit_model_py_get_one_diagnosis_under_either_base_handler(tmp_path):
+    errors = {}
+    for base in ("torchserve", "handlerkit"):
+        h = hk.Harness.open(tabular_dir(tmp_path / base, base=base, outputs=2))
+        with pytest.raises(StageError, match=r"^initialize failed in TabularHandler: ") as info:
+            h.initialize()
+        errors[base] = info.value
+    theirs, ours = errors["torchserve"], errors["handlerkit"]
+    assert theirs.fix == ours.fix == "ship the model.py the weights were trained with, or re-save the weights from it"
+    assert "RuntimeError: Error(s) in loading state_dict for TabNet" in theirs.message
+    assert "ModelLoadError: the state_dict in" in ours.message and "does not fit TabNet" in ours.message
+    assert "for the batch" not in theirs.message and "preprocess" not in theirs.fix
+
+
+@pytest.mark.torchserve
+def test_a_field_the_clients_json_lacks_is_told_as_the_clients_payload(tmp_path):
+    h = hk.Harness.open(tabular_dir(tmp_path / "tabular"))
+    good, misspelt = hk.Request.json({"features": FEATURES}), hk.Request.json({"feature": FEATURES})
+    assert h.run([good]).output[0]["label"] in (0, 1, 2)
+    with pytest.raises(StageError, match=r"preprocess failed in TabularHandler for request 1: KeyError: 'features'") as info:
+        h.run([good, misspelt])
+    assert info.value.fix == (
+        "the client's payload lacks the key 'features' (did you mean 'feature'?): request 1 sent a JSON object "
+        "with 'feature'. Send 'features' in the request, or check for it in preprocess and raise "
+        "hk.RequestError(message, index) so the client gets a 400 that says what to send"
+    )
+
+
+def test_a_parameter_the_request_lacks_is_told_as_torchserves_layout_and_a_label_lookup_as_neither(tmp_path):
+    class ReadsData(Plain):
+        def preprocess(self, data):
+            return [row["data"]["features"] for row in data]
+
+    h = hk.Harness(ReadsData, hk.MockContext(gpu_id=None))
+    with pytest.raises(StageError, match=r"for request 0: KeyError: 'data'") as info:
+        h.run([hk.Request.json({"features": FEATURES})])  # a raw JSON body arrives under 'body'
+    assert info.value.fix.startswith("request 0 has no parameter 'data' (it has 'body'): TorchServe puts a raw body")
+
+    class LooksUp(Plain):
+        def preprocess(self, data):
+            return [{"small": 0, "large": 1}[row["body"]["size"]] for row in data]
+
+    h = hk.Harness(LooksUp, hk.MockContext(gpu_id=None))
+    with pytest.raises(StageError, match=r"KeyError: 'medium'") as info:
+        h.run([hk.Request.json({"size": "medium"})])  # the client's value, not a missing field
+    assert info.value.fix.startswith("KeyError was raised at test_recording.py line ")
+
+
+@pytest.mark.torchserve
+def test_a_stage_replaced_on_the_instance_is_recorded_and_blamed(tmp_path):
+    h = hk.Harness.open(tabular_dir(tmp_path / "tabular"))
+    batch = [hk.Request.json({"features": FEATURES})] * 2
+    h.handler.postprocess = lambda scores: [1]  # a test's stub: one answer for two requests
+    with pytest.warns(hk.HandlerkitWarning, match=r"postprocess: must return one item per request: got 1 item"):
+        run = h.run(batch)
+    assert list(run.stages) == ["initialize", "preprocess", "inference", "postprocess"]
+    assert run.stages["postprocess"].output == [1] and tuple(run.stages["postprocess"].input.shape) == (2, 3)
+    assert [p.stage for p in run.problems] == ["postprocess"] and run.stages["inference"].problems == []
+    assert h.handler.postprocess(None) == [1]  # the instance keeps its stub after the run
+
+    h.handler.postprocess = lambda scores: [1 / 0]
+    with pytest.raises(StageError, match=r"^postprocess failed in TabularHandler for the batch: ZeroDivisionError"):
+        h.run(batch)
+    del h.handler.postprocess
+    h.handler.preprocess = h.handler.preprocess  # the harness's own recording method, kept on the instance
+    run = h.run(batch)
+    assert run.stages["preprocess"].calls == 1 and len(run.output) == 2  # recorded once, not twice
+
+
+def test_stage_methods_kept_by_init_before_the_harness_saw_the_handler_are_recorded():
+    class Kept(Plain):
+        def __init__(self):
+            self.stages = (self.preprocess, self.inference, self.postprocess)  # taken before any harness
+            self.first = self.preprocess
+
+        def handle(self, data, context):
+            pre, infer, post = self.stages
+            return post(infer(pre(data)))
+
+    handler = Kept()
+    h = hk.Harness(handler, hk.MockContext(gpu_id=None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hk.HandlerkitWarning)  # no "never called preprocess ..."
+        run = h.run([{"body": 2}, {"body": 3}])
+    assert run.output == [4, 6] and list(run.stages) == ["initialize", "preprocess", "inference", "postprocess"]
+    assert run.stages["inference"].input == [2, 3]
+    assert handler.first([{"body": 1}]) == [1]  # still the handler's own preprocess, now recorded in runs
+
+
+def _run_within(h, batch, seconds: float = 30.0):
+    """``h.run(batch)``, failing rather than hanging: a MicroBatching waits forever for the answer
+    of a stage thread that died (as one calling a method of a class it no longer belongs to)."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["run"] = h.run(batch)
+        except BaseException as exc:  # handed to the test's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"no answer within {seconds} s: a MicroBatching thread died"
+    if "error" in box:
+        raise box["error"]
+    return box["run"]
+
+
+def _stop(batching) -> None:
+    """Stop a MicroBatching's threads (each polls its queue every 0.5 s): all told, then joined."""
+    workers = [w for group in batching.thread_groups.values() for w in group]
+    for worker in workers:
+        worker.event.set()
+    for worker in workers:
+        worker.thread.join()
+
+
+@pytest.mark.torchserve
+def test_a_micro_batching_built_before_the_harness_saw_the_handler_still_gives_each_stage(tmp_path):
+    from ts.handler_utils.micro_batching import MicroBatching
+
+    model_dir = tabular_dir(tmp_path / "tabular")
+    handler_class = hk.Harness.open(model_dir).handler.__class__.__mro__[1]  # handler.py's TabularHandler
+
+    class MicroBatched(handler_class):
+        def __init__(self):
+            super().__init__()
+            self.handle = MicroBatching(self, micro_batch_size=1)  # takes the stage methods now
+
+    handler = MicroBatched()
+    try:
+        h = hk.Harness(handler, hk.MockContext.from_model_dir(model_dir))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", hk.HandlerkitWarning)  # no "never called preprocess ..."
+            run = _run_within(h, [hk.Request.json({"features": FEATURES})] * 2)
+        assert {s: run.stages[s].calls for s in ("preprocess", "inference", "postprocess")} == {
+            "preprocess": 2, "inference": 2, "postprocess": 2,
+        }
+        assert len(run.output) == 2 and "handle" not in run.stages
+    finally:
+        _stop(handler.handle)
+
+
+@pytest.mark.torchserve
+def test_a_reloaded_handler_whose_init_builds_a_micro_batching_runs_the_new_code(tmp_path):
+    model_dir = tabular_dir(tmp_path / "tabular")
+    handler_py = model_dir / "handler.py"
+    handler_py.write_text(
+        handler_py.read_text().replace("from ts.torch_handler.base_handler import BaseHandler", "from ts.torch_handler.base_handler import BaseHandler\nfrom ts.handler_utils.micro_batching import MicroBatching")
+        .replace("class TabularHandler(BaseHandler):\n", "class TabularHandler(BaseHandler):\n    def __init__(self):\n        super().__init__()\n        self.handle = MicroBatching(self)\n\n")
+    )
+    h = hk.Harness.open(model_dir)
+    try:
+        batch = [hk.Request.json({"features": FEATURES})]
+        assert set(_run_within(h, batch).output[0]) == {"label", "probability"}
+        handler_py.write_text(handler_py.read_text().replace('"probability": float(p)', '"score": float(p)'))
+        h.reload()
+        run = _run_within(h, batch)
+        assert set(run.output[0]) == {"label", "score"} and run.stages["postprocess"].calls == 1
+    finally:
+        _stop(h.handler.handle)

@@ -122,8 +122,10 @@ def test_a_stage_error_shows_its_fix_and_the_stepper_stays_usable():
     assert error is not None and error.request_index == 1
     assert "inference" not in h.results
     text = pane(stepper, "preprocess")
-    assert "preprocess failed" in text
+    assert text.startswith(f"preprocess failed in {h.name} for request 1: ") and text.count("preprocess failed") == 1
     assert f"fix: {error.fix}" in text
+    markup = stepper.outputs["preprocess"].outputs[0]["data"]["text/html"]
+    assert markup.count("preprocess failed") == 1 and f"<b>preprocess failed in {h.name} for request 1: " in markup
     assert enabled(stepper) == {"initialize": True, "preprocess": True, "inference": False, "postprocess": False}
     assert stepper.buttons["preprocess"].button_style == "danger"
     assert "(failed)" in stepper.timing.value

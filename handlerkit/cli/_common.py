@@ -183,31 +183,77 @@ def loaded(args: argparse.Namespace) -> Iterator[Loaded]:
 
 
 def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Loaded]:
+    """:meth:`Harness.open <handlerkit.harness.Harness.open>` in two steps (the context, then the
+    harness), so that an archive's temporary dir is known while its errors can still be told:
+    they name the archive's files as ``MODEL/member`` (the dir is gone once the command exits)."""
     if not os.path.exists(path):
         raise InputError(f"no such model dir or .mar: {path}")
     if os.path.isdir(path):
         problem = model_dir_problem(path, handler)
         if problem:
             raise InputError(problem)
+    from handlerkit.context import MockContext
+    from handlerkit.errors import HandlerkitError
     from handlerkit.harness import Harness
 
-    harness = Harness.open(path, handler, config=config)
+    context = MockContext.from_model_dir(path, config=config)  # an archive is unpacked into a temp dir
+    unpacked = getattr(context, "archive", None)
+    harness = None
     try:
+        harness = Harness(handler, context)
         yield Loaded(harness, os.path.basename(os.path.normpath(path)))
+    except HandlerkitError as error:
+        if unpacked is not None:
+            _in_archive(error, str(unpacked.path), path)
+        raise
     finally:
-        harness.service.close()
+        if harness is not None:
+            harness.service.close()  # removes the archive's dir too
+        elif unpacked is not None:
+            unpacked.cleanup()
+
+
+def _in_archive(error: Exception, unpacked: str, archive: str) -> None:
+    """Name the files of ``unpacked`` (where ``archive`` was unpacked) as ``archive/member`` in
+    ``error``'s message, fix, location and problems, as Python names a zip's modules."""
+    dirs = sorted({unpacked.rstrip(os.sep), os.path.realpath(unpacked)}, key=len, reverse=True)
+
+    def renamed(text: str) -> str:
+        for folder in dirs:
+            text = text.replace(folder + os.sep, archive.rstrip("/") + "/").replace(folder, archive)
+        return text
+
+    for name in ("message", "fix"):
+        value = getattr(error, name, None)
+        if isinstance(value, str):
+            setattr(error, name, renamed(value))
+    location = getattr(error, "location", None)
+    if location is not None:
+        error.location = (renamed(location[0]), *location[1:])  # type: ignore[attr-defined]
+    problems = getattr(error, "problems", None)
+    if isinstance(problems, list):
+        error.problems = [renamed(p) if isinstance(p, str) else p for p in problems]  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
 def loaded_batch(args: argparse.Namespace) -> Iterator[tuple[Loaded, Any]]:
-    """:func:`loaded` and the batch of its request files (:func:`requests`)."""
+    """:func:`loaded` and the batch of its request files (:func:`requests`), each named by its
+    file in the harness's errors."""
     with loaded(args) as model:
-        yield model, requests(args.files, args.content_type)
+        yield model, named_requests(model, args.files, args.content_type)
 
 
 def open_model(path: str, handler: str | None = None) -> contextlib.AbstractContextManager[Loaded]:
     """:func:`loaded` for a path and a handler spec (``handlerkit demo``)."""
     return contextlib.contextmanager(_opened)(path, handler, None)
+
+
+def named_requests(model: Loaded, files: Sequence[str], content_type: str | None = None) -> Any:
+    """:func:`requests`, each request named in ``model``'s errors by its file as given on the
+    command line (``bad.json``, not ``request 1``)."""
+    batch = requests(files, content_type)
+    model.harness.request_names.update({r.request_id: f for r, f in zip(batch, files)})
+    return batch
 
 
 def requests(files: Sequence[str], content_type: str | None = None) -> Any:
@@ -287,13 +333,15 @@ def stage_rows_of(stages: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def problem_rows(problems: Sequence[Any]) -> list[dict[str, Any]]:
+def problem_rows(problems: Sequence[Any], files: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Problems as JSON rows; ``files``: the batch's request files, to name each problem's."""
     return [
         {
             "severity": p.severity,
             "check": p.check,
             "stage": p.stage,
             "request": p.request_index,
+            "file": files[p.request_index] if p.request_index is not None and p.request_index < len(files) else None,
             "message": p.message,
             "fix": p.fix,
         }

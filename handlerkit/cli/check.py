@@ -29,5 +29,5 @@ def command(args: argparse.Namespace) -> Outcome:
     with loaded_batch(args) as (model, batch):
         report = model.harness.check(batch, atol=args.atol, rtol=args.rtol, progress=args.progress)
         data = {"model": model.label, **jsonable(dataclasses.asdict(report)), "ok": report.ok}
-        data["problems"] = problem_rows(report.problems)
+        data["problems"] = problem_rows(report.problems, args.files)
         return Outcome(OK if report.ok else FAILED, f"{header(model)}\n{report}", data)

@@ -16,8 +16,8 @@ from handlerkit.cli._common import (
     jsonable,
     loaded,
     model_command,
+    named_requests,
     problem_rows,
-    requests,
     stage_rows_of,
 )
 
@@ -50,7 +50,7 @@ def initialize(model: Loaded) -> Outcome:
 
 def run_files(model: Loaded, files: Sequence[str], content_type: str | None = None) -> Outcome:
     """Run ``files`` as one batch; the text is the run's tables and the top predictions."""
-    run = model.harness.run(requests(files, content_type))  # a StageError: exit code 1 (main)
+    run = model.harness.run(named_requests(model, files, content_type))  # a StageError: exit code 1 (main)
     code = FAILED if any(p.severity == "error" for p in run.problems) else OK
     text = f"{header(model)}\n{run}\n\n{predictions(files, run.output)}"
     data = {
@@ -61,7 +61,7 @@ def run_files(model: Loaded, files: Sequence[str], content_type: str | None = No
         "mode": run.mode,
         "total_ms": run.total_ms,
         "stages": stage_rows_of(run.stages),
-        "problems": problem_rows(run.problems),
+        "problems": problem_rows(run.problems, files),
         "output": jsonable(run.output),
     }
     return Outcome(code, text, data)

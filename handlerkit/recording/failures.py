@@ -14,14 +14,27 @@ import linecache
 import os
 import sysconfig
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from handlerkit._text import suggestion
+from handlerkit.batches import payload
 from handlerkit.errors import HandlerkitError, RequestError, StageError
+from handlerkit.formats import STATE_DICT_FIX
 from handlerkit.recording.spy import SPIED, is_spied
 
-__all__ = ["batch_error", "failing_request", "handler_files", "raised_at", "stage_error", "stage_of", "suggest_fix"]
+__all__ = [
+    "batch_error",
+    "failing_request",
+    "handler_files",
+    "missing_key_fix",
+    "raised_at",
+    "refresh_sources",
+    "stage_error",
+    "stage_of",
+    "suggest_fix",
+]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HANDLERS = os.path.join(_PACKAGE, "handlers")
@@ -53,6 +66,9 @@ _FIXES: list[tuple[tuple[str, ...], str, tuple[str, ...] | None]] = [
         "move the input to self.device in preprocess (or the model in initialize)",
         None,
     ),
+    # Before the shape entry: torch's load_state_dict says "size mismatch" too. handlerkit's
+    # BaseHandler raises a ModelLoadError with this fix; TorchServe's lets torch's error through.
+    (("Error(s) in loading state_dict",), STATE_DICT_FIX, None),
     (
         ("mat1 and mat2 shapes cannot be multiplied", "size mismatch", "shape '[", "Given groups", "expected input"),
         "the preprocessed tensor's shape does not fit the model: compare h.results['preprocess'].tensors with the model's expected input",
@@ -63,9 +79,10 @@ _FIXES: list[tuple[tuple[str, ...], str, tuple[str, ...] | None]] = [
         "the model or a field is None: did initialize run and succeed? run h.initialize() first",
         None,
     ),
-    (
+    (  # without the batch to look at (missing_key_fix says which of the two it is)
         ("KeyError",),
-        "a request lacks the field the handler reads: TorchServe puts a raw body under 'body' and form fields under their names ('data')",
+        "a dict lacks the key the handler reads: a field of the client's JSON, or a parameter of the request "
+        "(TorchServe puts a raw body under 'body' and form fields under their names, such as 'data')",
         ("preprocess", "handle"),
     ),
     (
@@ -115,7 +132,11 @@ def _library_file(path: str) -> bool:
 
 def raised_at(exc: BaseException, files: set[str] | frozenset[str] = frozenset()) -> tuple[str, int, str] | None:
     """``(file, line, source text)`` of the innermost frame of ``exc``'s traceback in ``files``
-    (the handler's own source files), else in any code that is not a library, else None."""
+    (the handler's own source files), else in any code that is not a library, else None. A
+    ``SyntaxError`` is located where it says it is (its traceback is the compiler's caller)."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        text = exc.text if exc.text is not None else linecache.getline(exc.filename, exc.lineno)
+        return exc.filename, exc.lineno, text.strip()
     frames: list[tuple[str, int]] = []
     tb: TracebackType | None = exc.__traceback__
     while tb is not None:
@@ -131,6 +152,13 @@ def raised_at(exc: BaseException, files: set[str] | frozenset[str] = frozenset()
     return filename, line, linecache.getline(filename, line).strip()
 
 
+def refresh_sources(files: Iterable[str]) -> None:
+    """Forget the cached text of ``files`` that changed on disk since it was read, so the line
+    an error shows is the line of the file as it is (``linecache`` keeps what it read first)."""
+    for file in files:
+        linecache.checkcache(file)
+
+
 def stage_error(
     stage: str,
     exc: BaseException,
@@ -139,33 +167,43 @@ def stage_error(
     request_index: int | None,
     handler_files: set[str] | frozenset[str] = frozenset(),
     then: str | None = None,
+    request_name: str | None = None,
+    fix: str | None = None,
+    headline: str | None = None,
 ) -> StageError:
     """The :class:`StageError` for ``exc`` raised in ``stage``.
 
     ``then`` ends a fix that points at the raising line: what to do once it is corrected (the
     notebook's ``"h.reload() and run <stage> again"`` by default; a server says its own).
+    ``request_name`` names the request at fault in place of its index (the file a command line
+    read it from); ``fix`` is one found by looking at the batch (:func:`missing_key_fix`), or
+    ``""`` when that ruled the usual causes out (the fix then points at the raising line);
+    ``headline`` replaces ``"<stage> failed in <handler> ..."`` (a reload says what it kept).
     """
     # initialize and reload run before any batch: they are about no request.
-    where = (
-        ""
-        if stage in _BATCHLESS
-        else f" for request {request_index}"
-        if request_index is not None
-        else " for the batch"
-    )
+    if stage in _BATCHLESS:
+        where = ""
+    elif request_name is not None:
+        where = f" for {request_name}"
+    elif request_index is not None:
+        where = f" for request {request_index}"
+    else:
+        where = " for the batch"
     # handlerkit's own errors say what is wrong and how to fix it; for any other exception the
     # line of the handler that raised it is the most useful pointer.
     location = None if isinstance(exc, HandlerkitError) else raised_at(exc, handler_files)
     # Its fix is added once, below (str() of a handlerkit error would carry it too).
     what = exc.reason if isinstance(exc, RequestError) else exc.message if isinstance(exc, HandlerkitError) else exc
-    message = f"{stage} failed in {handler}{where}: {type(exc).__name__}: {what}"
+    message = f"{headline or f'{stage} failed in {handler}{where}'}: {type(exc).__name__}: {what}"
     if location is not None:
         message += f"\n  at {location[0]}:{location[1]}: {location[2]}"
-    fix = suggest_fix(stage, exc)
-    if fix is None and location is not None:
+    if fix is None:
+        fix = suggest_fix(stage, exc)
+    if not fix and location is not None:
+        again = "h.reload() again" if stage == "reload" else f"h.reload() and run {stage} again"
         fix = (
             f"{type(exc).__name__} was raised at {os.path.basename(location[0])} line {location[1]}; "
-            f"correct it there, then {then or f'h.reload() and run {stage} again'}"
+            f"correct it there, then {then or again}"
         )
     return StageError(
         message, stage=stage, handler=handler, request_index=request_index, original=exc, fix=fix, location=location
@@ -173,6 +211,50 @@ def stage_error(
 
 
 _BATCHLESS = ("initialize", "reload")
+
+
+def missing_key_fix(
+    exc: BaseException, rows: list[Any], index: int | None, names: Mapping[int, str] | None = None
+) -> str | None:
+    """The fix for a ``KeyError`` raised reading the requests ``rows`` (``handle``'s data), told
+    apart by what the request at fault (``index``, else the first that fits) holds:
+
+    - its payload (the client's JSON object, or a list of them) lacks the key: the client's
+      payload is at fault, not TorchServe's layout;
+    - the request lacks a parameter of that name: TorchServe's layout (a raw body is under
+      ``'body'``, form fields under their names) is what the handler misread.
+
+    ``names`` calls requests by their index in ``rows`` (a file name), else ``request <index>``.
+    ``""`` when the key is neither (a dict of the handler's own: a label map looked up with a
+    class index or with a value the client sent), None for a key that is no field name."""
+    key = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
+    if not isinstance(key, str) or len(key.split()) != 1:  # a sentence (a KeyError used for a message)
+        return None
+    for i in [index] if index is not None else range(len(rows)):
+        row = rows[i] if 0 <= i < len(rows) else None
+        if not isinstance(row, Mapping) or key in row:
+            continue
+        who = (names or {}).get(i) or f"request {i}"
+        body = payload(row)
+        objects = [o for o in (body if isinstance(body, list) else [body]) if isinstance(o, Mapping)]
+        if any(key == value for o in objects for value in o.values() if isinstance(value, str)):
+            return ""  # a value the client sent, looked up in a dict of the handler's
+        lacking = next((o for o in objects if key not in o), None)
+        if lacking is not None and key not in ("data", "body"):  # those two are TorchServe's names
+            keys = ", ".join(repr(k) for k in list(lacking)[:8]) or "no keys"
+            return (
+                f"the client's payload lacks the key {key!r}{suggestion(key, map(str, lacking))}: {who} sent "
+                f"a JSON object with {keys}. Send {key!r} in the request, or check for it in preprocess and raise "
+                "hk.RequestError(message, index) so the client gets a 400 that says what to send"
+            )
+        if key.isdigit():  # a class index, not a parameter's name
+            return ""
+        return (
+            f"{who} has no parameter {key!r} (it has {', '.join(repr(k) for k in row)}): TorchServe puts "
+            "a raw body under 'body' and form fields under their names; read the payload with "
+            "row.get('data') or row.get('body')"
+        )
+    return "" if rows else None
 
 
 def handler_files(handler: Any) -> frozenset[str]:
@@ -254,12 +336,18 @@ def batch_error(
     handler_files: frozenset[str] = frozenset(),
     on_batch_data: bool = False,
     then: str | None = None,
+    request_names: Mapping[str, str] | None = None,
+    enveloped: bool = False,
 ) -> StageError:
     """The :class:`StageError` for ``exc`` raised in ``stage`` of a batch, with the request at
     fault when it can be told: the error's own ``request_index``, the only request of a batch of
     one, or (for preprocess given the batch's own data, ``on_batch_data``) the first request
     whose preprocess fails alone (:func:`failing_request`). handlerkit's own errors are about
-    the batch unless they say otherwise."""
+    the batch unless they say otherwise.
+
+    ``request_names`` maps request ids to what the message calls them (a file name);
+    ``enveloped``: the handler got an envelope's view of the batch, not its request rows, so a
+    ``KeyError`` is not read against them (:func:`missing_key_fix`)."""
     index = getattr(exc, "request_index", None)
     about_a_request = not isinstance(exc, HandlerkitError)  # handlerkit's own errors say so themselves
     count = len(batch) if batch is not None else None
@@ -269,4 +357,20 @@ def batch_error(
         preprocess = getattr(handler, "preprocess", None)
         if callable(preprocess):
             index = failing_request(preprocess, batch, context, imports)
-    return stage_error(stage, exc, handler=handler_name, request_index=index, handler_files=handler_files, then=then)
+    names: dict[int, str] = {}  # what the messages call the requests named in request_names
+    if request_names and batch is not None:
+        names = {i: request_names[r.request_id] for i, r in enumerate(batch) if r.request_id in request_names}
+    fix = None
+    if isinstance(exc, KeyError) and about_a_request and stage in ("preprocess", "handle") and not enveloped:
+        fix = missing_key_fix(exc, batch.data, index, names) if batch is not None else None
+    name = names.get(index) if index is not None else None
+    return stage_error(
+        stage,
+        exc,
+        handler=handler_name,
+        request_index=index,
+        handler_files=handler_files,
+        then=then,
+        request_name=name,
+        fix=fix,
+    )

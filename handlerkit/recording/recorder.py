@@ -143,6 +143,26 @@ class Recorder:
             built.append(result)
         return built
 
+    def mark(self) -> tuple[int, int, int]:
+        """Where the capture's warnings and logs and the metrics stand now (see :meth:`whole`)."""
+        metrics = self.metrics
+        return len(self.capture.warnings), len(self.capture.logs), metrics.mark() if metrics is not None else 0
+
+    def whole(self, data: Any, output: Any, wall_ms: float, marks: tuple[int, int, int]) -> StageResult:
+        """The single ``handle`` stage of a run in which handle called no stage method: all
+        recorded since ``marks`` (:meth:`mark`)."""
+        metrics = self.metrics
+        return StageResult(
+            "handle",
+            data,
+            output,
+            wall_ms,
+            warnings=self.capture.warnings[marks[0] :],
+            logs=self.capture.logs[marks[1] :],
+            metrics=metrics.since(marks[2]) if metrics is not None else [],
+            source=self.source,
+        )
+
     def failed(self, exc: BaseException) -> Lap | None:
         """The call that raised ``exc``, or else the one that raised what ``exc`` was raised
         from (its cause or context, nearest first), if a stage did."""

@@ -4,6 +4,7 @@ definition, leaving the old one in place when the new source fails."""
 from __future__ import annotations
 
 import importlib.util
+import linecache
 import os
 import sys
 from typing import Any
@@ -44,9 +45,13 @@ def reexecuted(target: Any, name: str) -> Any:
     try:
         exec_source(fresh, path)
     except Exception as exc:
-        error = stage_error("reload", exc, handler=name, request_index=None, handler_files=frozenset({path}))
-        error.message = f"reload of {path} failed, the handler keeps its previous code: {error.message}"
-        raise error from exc
+        linecache.updatecache(path)  # the error's line is shown from the file that failed, as it is now
+        headline = f"reload of {os.path.basename(path)} failed, {name} keeps its previous code"
+        raise stage_error(
+            "reload", exc, handler=name, request_index=None, handler_files=frozenset({path}), headline=headline
+        ) from exc
+    # Errors raised by the new code show their lines from this source, not the one read before.
+    linecache.updatecache(path)
     replacement = getattr(fresh, target.__name__, None)
     if replacement is None:
         raise HandlerkitError(

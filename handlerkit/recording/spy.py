@@ -8,11 +8,23 @@ while a run is going on (:func:`start` … :func:`stop`), tell that run's
 subclass, so even an object that grabs ``handler.preprocess`` in ``__init__`` (TorchServe's
 ``MicroBatching`` hands it to its threads) calls through them. Copies and pickles of a spied
 handler are of its own class.
+
+Two more ways a stage is reached are watched too:
+
+- a stage set on the instance (``h.handler.postprocess = lambda d: [1]``, a common test trick):
+  for the length of a run it is shadowed by a recording wrapper (:func:`start`, :func:`stop`);
+- stage methods taken *before* the class was swapped (a handler built before the harness saw
+  it, whose ``__init__`` kept ``self.preprocess``, as TorchServe's ``MicroBatching`` does for its
+  threads): :func:`spy_on` hands them the spied methods.
+
+A call reached both ways at once (a wrapper that calls the spied method) is recorded once.
 """
 
 from __future__ import annotations
 
 import copyreg
+import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +45,32 @@ SPIED = (
 
 _SPIED_CLASSES: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
 _RUNNING: dict[int, Any] = {}  # id(handler) -> the Recorder of the run going on
+_SHADOWED: dict[int, list[tuple[str, Any, Any]]] = {}  # id(handler) -> (name, wrapper, the instance's own)
 _MARK = "__handlerkit_spied__"
+_INSIDE = threading.local()  # .calls: the (id(handler), stage) calls being recorded on this thread
+
+
+def _call(recorder: Any, stage: str, method: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """``method(*args, **kwargs)`` recorded as one call of ``stage``."""
+    if stage == "describe" or not args:  # no positional input: record the first keyword's value
+        value = args[0] if args else next(iter(kwargs.values()), None)
+        return recorder.call(stage, lambda _value: method(*args, **kwargs), value)
+    return recorder.call(stage, method, *args, **kwargs)
+
+
+def _call_once(key: tuple[int, str], recorder: Any, method: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """:func:`_call`, unless a call of that stage (``key[1]``) on that handler is being recorded
+    on this thread already: a stage set on the instance that calls the class's (it counts there)."""
+    inside: set[tuple[int, str]] | None = getattr(_INSIDE, "calls", None)
+    if inside is None:
+        inside = _INSIDE.calls = set()
+    if key in inside:
+        return method(*args, **kwargs)
+    inside.add(key)
+    try:
+        return _call(recorder, key[1], method, args, kwargs)
+    finally:
+        inside.discard(key)
 
 
 def _spy(name: str, stage: str, owner: list[type]) -> Callable[..., Any]:
@@ -41,13 +78,13 @@ def _spy(name: str, stage: str, owner: list[type]) -> Callable[..., Any]:
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
         method = getattr(super(owner[0], self), name)  # staticmethods, classmethods... bound as usual
-        recorder = _RUNNING.get(id(self))
+        key = id(self)
+        recorder = _RUNNING.get(key)
         if recorder is None:
             return method(*args, **kwargs)
-        if stage == "describe" or not args:  # no positional input: record the first keyword's value
-            value = args[0] if args else next(iter(kwargs.values()), None)
-            return recorder.call(stage, lambda _value: method(*args, **kwargs), value)
-        return recorder.call(stage, method, *args, **kwargs)
+        if key in _SHADOWED:  # a stage set on the instance may be recording this call already
+            return _call_once((key, stage), recorder, method, args, kwargs)
+        return _call(recorder, stage, method, args, kwargs)
 
     spy.__name__ = spy.__qualname__ = name
     return spy
@@ -102,9 +139,10 @@ def _new_object(cls: type, *args: Any) -> Any:
     return cls.__new__(cls, *args)
 
 
-def spy_on(handler: Any) -> bool:
+def spy_on(handler: Any, previous: type | None = None) -> bool:
     """Give an existing handler the spied class of its class; False where that cannot be done
-    (then runs report one ``handle`` stage)."""
+    (then runs report one ``handle`` stage). Stage methods taken from the handler while it was
+    of class ``previous`` (by default, its class until now) are given the spied ones."""
     cls = type(handler)
     spied = spied_class(cls)
     if spied is None:
@@ -114,7 +152,68 @@ def spy_on(handler: Any) -> bool:
             handler.__class__ = spied
         except TypeError:
             return False
+    previous = previous or cls
+    if previous is not spied:
+        _retake(handler, previous)
     return True
+
+
+def _retake(handler: Any, previous: type) -> None:
+    """Stage methods the handler's ``__init__`` took while it was of class ``previous`` run the
+    old definitions and bypass the recorder: bound methods kept on the instance (alone, or in a
+    list or tuple there) are bound anew, and TorchServe's ``MicroBatching``, whose threads hold
+    them, is given new threads."""
+    own = getattr(handler, "__dict__", None)
+    if not own:
+        return
+    stale = {}
+    for name, _stage in SPIED:
+        func = getattr(previous, name, None)
+        if isinstance(func, types.FunctionType):
+            stale[func] = name
+
+    spied = vars(type(handler))
+
+    def fresh(value: Any) -> Any:  # the spied class's method in place of the old one
+        if isinstance(value, types.MethodType) and value.__self__ is handler and value.__func__ in stale:
+            spy = spied.get(stale[value.__func__])
+            return types.MethodType(spy, handler) if spy is not None else value
+        return value
+
+    names = {name for name, _stage in SPIED}
+    for key, value in list(own.items()):
+        if key in names:  # a stage set on the instance is the user's own: start() records it
+            continue
+        if type(value) in (list, tuple):
+            items = [fresh(v) for v in value]
+            if any(a is not b for a, b in zip(items, value)):
+                own[key] = type(value)(items)
+        elif _micro_batching(value, handler):
+            _restart_threads(value)
+        elif fresh(value) is not value:
+            own[key] = fresh(value)
+
+
+def _micro_batching(value: Any, handler: Any) -> bool:
+    """TorchServe's ``MicroBatching`` (``ts.handler_utils.micro_batching``) of this handler: it
+    took ``getattr(handler, stage)`` for a thread per stage when it was built."""
+    return (
+        getattr(value, "handler", None) is handler
+        and isinstance(getattr(value, "thread_groups", None), dict)
+        and isinstance(getattr(type(value), "parallelism", None), property)
+    )
+
+
+def _restart_threads(batching: Any) -> None:
+    """New threads for a ``MicroBatching``, which take the stage methods anew (its public
+    ``parallelism`` setter joins and starts them). The old ones are all told to stop first, so
+    the join waits for one poll of their queues (0.5 s), not one per thread."""
+    sizes = {stage: len(workers) for stage, workers in batching.thread_groups.items()}
+    for workers in batching.thread_groups.values():
+        for worker in workers:
+            worker.event.set()
+    batching.parallelism = dict.fromkeys(sizes, 0)
+    batching.parallelism = sizes
 
 
 def is_spied(cls: type) -> bool:
@@ -129,7 +228,8 @@ def own_class(handler: Any) -> type:
 
 
 def start(handler: Any, recorder: Any) -> None:
-    """Route ``handler``'s stage calls to ``recorder`` until :func:`stop`."""
+    """Route ``handler``'s stage calls to ``recorder`` until :func:`stop`: those of its class,
+    and those of stages set on the instance (shadowed for the run by recording wrappers)."""
     key = id(handler)
     if _RUNNING.setdefault(key, recorder) is not recorder:
         raise HandlerkitError(
@@ -137,7 +237,36 @@ def start(handler: Any, recorder: Any) -> None:
             "uses the same handler instance)",
             fix="run one batch at a time on a handler instance, or give each harness its own instance",
         )
+    own = getattr(handler, "__dict__", None)
+    if not own:
+        return
+    shadowed = []
+    for name, stage in SPIED:
+        value = own.get(name)
+        if callable(value):
+            wrapper = _shadow(key, stage, value, recorder)
+            own[name] = wrapper  # into the instance's dict: no user __setattr__ runs
+            shadowed.append((name, wrapper, value))
+    if shadowed:
+        _SHADOWED[key] = shadowed
+
+
+def _shadow(key: int, stage: str, value: Callable[..., Any], recorder: Any) -> Callable[..., Any]:
+    """A stage set on the instance, recorded (for one run)."""
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        return _call_once((key, stage), recorder, value, args, kwargs)
+
+    recorded.__wrapped__ = value  # type: ignore[attr-defined]
+    return recorded
 
 
 def stop(handler: Any) -> None:
-    _RUNNING.pop(id(handler), None)
+    key = id(handler)
+    _RUNNING.pop(key, None)
+    shadowed = _SHADOWED.pop(key, None)
+    if shadowed:
+        own = vars(handler)
+        for name, wrapper, value in shadowed:
+            if own.get(name) is wrapper:  # unless the run set the stage anew meanwhile
+                own[name] = value

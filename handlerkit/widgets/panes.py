@@ -17,6 +17,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from handlerkit.errors import StageError
+
 __all__ = [
     "bundle_output",
     "compile_html",
@@ -87,12 +89,15 @@ def error_output(stage: str, exc: BaseException, *, unexpected: bool = False) ->
     """
     message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
     fix = getattr(exc, "fix", None)
-    text = [f"{stage} failed: {message}"]
-    parts = [
-        f"<div style='border-left:4px solid {_FAILED};padding:4px 8px'>",
-        f"<b>{html.escape(stage)} failed</b><pre style='white-space:pre-wrap;margin:4px 0'>"
-        f"{html.escape(message)}</pre>",
-    ]
+    if isinstance(exc, StageError):  # its message says already that the stage failed, and where
+        text = [message]
+        title, _, details = message.partition("\n")
+    else:
+        text = [f"{stage} failed: {message}"]
+        title, details = f"{stage} failed", message
+    parts = [f"<div style='border-left:4px solid {_FAILED};padding:4px 8px'>", f"<b>{html.escape(title)}</b>"]
+    if details:
+        parts.append(f"<pre style='white-space:pre-wrap;margin:4px 0'>{html.escape(details)}</pre>")
     if fix:
         text.append(f"  fix: {fix}")
         parts.append(f"<div><b>fix:</b> {html.escape(fix)}</div>")
