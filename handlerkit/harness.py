@@ -116,6 +116,8 @@ class Harness(Reports):
         #: What errors call a request, by request id (``handlerkit run`` names each by its file);
         #: a request not named here is "request <index>".
         self.request_names: dict[str, str] = {}
+        #: What a fix pointing at the raising line says to do next (None: h.reload() and run the stage again).
+        self.fix_then: str | None = None
 
     @classmethod
     def open(
@@ -289,6 +291,7 @@ class Harness(Reports):
             on_batch_data=on_batch_data,
             request_names=self.request_names,
             enveloped=self.envelope is not None,
+            then=self.fix_then,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:

@@ -521,3 +521,20 @@ def test_an_initialize_error_in_a_mar_names_the_file_in_the_archive(tmp_path, ca
     assert code == 1 and out == ""
     assert f"ModelLoadError: the state_dict in {built['path']}/model.pt does not fit TabNet" in err
     assert "handlerkit-mar-" not in err
+
+
+def test_a_fix_from_the_command_line_says_to_run_the_command_again(tmp_path, capsys):
+    model = tmp_path / "raises"
+    model.mkdir()
+    (model / "handler.py").write_text(
+        "class Raises:\n"
+        "    def initialize(self, context):\n"
+        "        pass\n\n"
+        "    def handle(self, data, context):\n"
+        "        raise RuntimeError('the frobnicator broke')\n"
+    )
+    request = tmp_path / "x.json"
+    request.write_text("{}")
+    code, out, err = cli(capsys, "run", model, request, "--handler", "handler.py")
+    assert code == 1 and "RuntimeError: the frobnicator broke" in err
+    assert "correct it there, then run the command again" in err and "h.reload()" not in err

@@ -175,7 +175,9 @@ def test_golden_error_card(tmp_path):
     failed = h.results["preprocess"]
     assert kinds(failed) == ["card"]
     fig = viz.show(failed)
-    assert "preprocess failed: RequestError" in texts(fig) and "fix: send the image bytes" in texts(fig)
+    shown = texts(fig)
+    assert "preprocess failed in Strict for request 1: RequestError" in shown and "fix: send the image bytes" in shown
+    assert shown.count("preprocess failed") == 1  # said once: the title is the error's first line
     check_golden("error_card", lambda: viz.show(failed), tmp_path)
 
 

@@ -210,7 +210,7 @@ def test_a_run_shows_the_stages_before_a_failed_one_and_its_error(classifier):
     run = Run(output=None, stages=stages, batch_size=len(NAMES), source=classifier.handler)
     drawn = panels(run)
     assert [p.kind for p in drawn] == ["images", "bars", "card"]
-    assert drawn[-1].title == "postprocess failed: ValueError"
+    assert drawn[-1].title == "postprocess raised ValueError: no labels"
 
 
 def test_a_dict_or_list_shows_at_most_six_items_one_panel_each_named_by_its_path():

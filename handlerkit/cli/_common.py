@@ -201,6 +201,7 @@ def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Load
     harness = None
     try:
         harness = Harness(handler, context)
+        harness.fix_then = "run the command again"  # a terminal has no h.reload()
         yield Loaded(harness, os.path.basename(os.path.normpath(path)))
     except HandlerkitError as error:
         if unpacked is not None:

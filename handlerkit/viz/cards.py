@@ -27,7 +27,9 @@ def summary_card(title: str, value: Any, why: str) -> Panel:
 
 
 def error_card(result: StageResult) -> Panel:
-    """A failed stage: the original exception's type in the title, the error and its fix below."""
-    original = result.error.original if result.error is not None else None
-    kind = type(original).__name__ if original is not None else "StageError"
-    return card(f"{result.stage} failed: {kind}", str(result.error).splitlines())
+    """A failed stage: the error's first line (stage, handler, request, exception) as the title,
+    where it was raised and its fix below."""
+    lines = str(result.error).splitlines() if result.error is not None else []
+    if not lines:  # a result without its error: say what is known
+        return card(f"{result.stage} failed", [])
+    return card(lines[0], lines[1:])  # "preprocess failed in H for request 1: KeyError: ...", said once
