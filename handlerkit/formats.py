@@ -229,26 +229,30 @@ STATE_DICT_FIX = "ship the model.py the weights were trained with, or re-save th
 
 
 def _load_state_dict(model: Any, state_dict: dict, path: str, class_name: str) -> None:
+    """``model.load_state_dict(state_dict)`` as TorchServe calls it (strict), or an error that
+    lists every key and shape that does not fit. The keys are judged by torch, so a module that
+    accepts a key it does not keep (torchvision's ``FrozenBatchNorm2d`` drops
+    ``num_batches_tracked``) is not blamed for it."""
     own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [
-        f"{k}: file {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
+    misfits = {
+        k: f"{k}: file {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
         for k in own
         if k in state_dict and hasattr(state_dict[k], "shape") and tuple(state_dict[k].shape) != tuple(own[k].shape)
-    ]
+    }
+    fitting = {k: v for k, v in state_dict.items() if k not in misfits}
+    result = model.load_state_dict(fitting, strict=False)
+    missing = [k for k in result.missing_keys if k not in misfits]
     problems = []
     if missing:
         problems.append(f"missing keys {_preview(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_preview(unexpected)}")
-    if shapes:
-        problems.append(f"shape mismatches {_preview(shapes)}")
+    if result.unexpected_keys:
+        problems.append(f"unexpected keys {_preview(result.unexpected_keys)}")
+    if misfits:
+        problems.append(f"shape mismatches {_preview(list(misfits.values()))}")
     if problems:
         raise ModelLoadError(
             f"the state_dict in {path} does not fit {class_name}: " + "; ".join(problems), path=path, fix=STATE_DICT_FIX
         )
-    model.load_state_dict(state_dict)
 
 
 def _preview(items: list[str], n: int = 4) -> str:

@@ -273,3 +273,26 @@ def test_a_helper_class_next_to_the_model_is_refused_as_torchserve_does(tmp_path
     )
     loaded = load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
     assert loaded.details["model_class"] == "Net"
+
+
+def test_keys_a_module_accepts_without_keeping_them_are_no_misfit(tmp_path):
+    """torchvision's FrozenBatchNorm2d drops ``num_batches_tracked`` when it loads (pytorch/serve's
+    detection examples build their backbone with it, and their checkpoints carry the key): torch's
+    strict load accepts such a state_dict, so handlerkit does too, as TorchServe does."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    (tmp_path / "model.py").write_text(
+        "import torch\nfrom torchvision.ops.misc import FrozenBatchNorm2d\n\n"
+        "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.norm = FrozenBatchNorm2d(3)\n"
+    )
+    trained = torch.nn.BatchNorm2d(3)
+    torch.nn.init.uniform_(trained.weight)
+    state = {f"norm.{k}": v for k, v in trained.state_dict().items()}
+    assert "norm.num_batches_tracked" in state and "num_batches_tracked" not in dict(FrozenBatchNorm2d(3).state_dict())
+    torch.save(state, tmp_path / "model.pt")
+    loaded = load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
+    assert torch.equal(loaded.model.norm.weight, trained.weight.detach())
+    torch.save({**state, "head.weight": torch.zeros(1)}, tmp_path / "model.pt")  # a key nothing takes is still one
+    with pytest.raises(ModelLoadError, match=r"does not fit Net: unexpected keys \[head\.weight\] \(1\)\n  fix: "):
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")

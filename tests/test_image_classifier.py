@@ -426,7 +426,24 @@ def test_jpeg_draft_is_opt_in_and_changes_pixels_a_little(cnn5_dir):
     assert not torch.equal(a, b) and float((a - b).abs().mean()) < 0.1
 
 
-@pytest.mark.parametrize(("key", "value"), [("decode_threads", 0), ("decode_threads", "2"), ("jpeg_draft", "yes")])
+def test_fast_resize_is_opt_in_and_moves_some_pixels_by_one_level(cnn5_dir):
+    buffer = io.BytesIO()
+    _photo(1280, 960).save(buffer, format="PNG")
+    request = {"body": bytearray(buffer.getvalue())}
+    exact, _ = init(cnn5_dir)
+    fast, _ = init(cnn5_dir, model_yaml_config={"handler": {"fast_resize": True}})
+    assert exact.fast_resize is False and fast.fast_resize is True
+    assert any("fast_resize" in note for note in fast.decisions.notes)
+    assert not any("fast_resize" in note for note in exact.decisions.notes)
+    a, b = exact.preprocess([request]), fast.preprocess([request])
+    levels = ((a - b) * torch.tensor((0.229, 0.224, 0.225)).reshape(1, 3, 1, 1) * 255).abs()
+    assert a.shape == b.shape == (1, 3, 224, 224) and not torch.equal(a, b)
+    assert float(levels.max()) < 1.01  # one grey level at most
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("decode_threads", 0), ("decode_threads", "2"), ("jpeg_draft", "yes"), ("fast_resize", 1)]
+)
 def test_bad_vision_settings_are_config_errors(cnn5_dir, key, value):
     with pytest.raises(ConfigError, match=rf"handler\.{key} must be"):
         init(cnn5_dir, model_yaml_config={"handler": {key: value}})

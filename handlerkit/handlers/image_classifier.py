@@ -18,10 +18,9 @@ class ImageClassifier(VisionHandler):
     """Image in, ``{label: probability}`` for the top-k classes out (one dict per request).
 
     The preprocessing is TorchServe's (Resize 256, CenterCrop 224, ImageNet normalisation),
-    computed the fast way (:class:`~handlerkit.handlers._pipeline.ResizeCropNormalize`: images
-    decoded in parallel, large ones resized by torch's uint8 kernel, one normalisation per
-    batch): the same tensors but for a ±1 on a few pixels of downscaled images, about twice as
-    fast. ``topk`` is 5 as in TorchServe, or ``handler: {topk: N}`` in model-config.yaml,
+    computed batched (:class:`~handlerkit.handlers._pipeline.ResizeCropNormalize`: images
+    decoded, resized and normalised in parallel, the short side's crop resampled alone): the
+    same tensors, bit for bit, so the same answers. ``topk`` is 5 as in TorchServe, or ``handler: {topk: N}`` in model-config.yaml,
     and is capped at the number of classes (TorchServe's fails on models with fewer than 5).
     A request that cannot be read gets ``{"code", "error", "fix"}`` and a 4xx status; the
     others their top-k.

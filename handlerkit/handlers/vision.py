@@ -18,10 +18,13 @@ Unlike TorchServe's VisionHandler:
 * images are decoded by PIL (never ``torchvision.io``, which can crash the process on a
   malformed PNG) in ``decode_threads`` threads, and when ``image_processing`` is TorchServe's
   Resize → CenterCrop → ToTensor → Normalize (a :class:`ResizeCropNormalize`, or that torchvision
-  ``Compose``), it runs the fast way (:mod:`handlerkit.handlers._pipeline`).
+  ``Compose``), it runs batched (:mod:`handlerkit.handlers._pipeline`), with TorchServe's pixels
+  and arithmetic: the same tensors, bit for bit.
 
-``handler:`` keys read from model-config.yaml: ``decode_threads`` (default: ``torch.get_num_threads()``)
-and ``jpeg_draft`` (default false: reduced-size JPEG decoding, faster, changes pixels).
+``handler:`` keys read from model-config.yaml: ``decode_threads`` (default: ``torch.get_num_threads()``),
+and two opt-ins that are faster but change pixels, so the answers are no longer TorchServe's:
+``jpeg_draft`` (reduced-size JPEG decoding) and ``fast_resize`` (downscales by torch's uint8
+kernel, ±1 on some pixels).
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class VisionHandler(BaseHandler):
       runs batched instead (:func:`~handlerkit.handlers._pipeline.pipeline_from`);
     * ``image_mode`` (``"RGB"``): the mode images are converted to; None keeps them as decoded;
     * ``alpha_background`` (white): what transparent pixels are composited over; None drops alpha;
-    * ``decode_threads`` / ``jpeg_draft``: see the module docstring;
+    * ``decode_threads`` / ``jpeg_draft`` / ``fast_resize``: see the module docstring;
     * :attr:`request_errors` (index → :class:`RequestError`) after :meth:`preprocess`, which
       returns the tensor of the readable requests only; :meth:`with_request_errors` puts the
       error items back among a postprocess's answers (a subclass's ``postprocess`` and
@@ -98,6 +101,7 @@ class VisionHandler(BaseHandler):
     alpha_background: tuple[int, int, int] | None = (255, 255, 255)
     decode_threads: int | None = None
     jpeg_draft: bool = False
+    fast_resize: bool = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -127,15 +131,24 @@ class VisionHandler(BaseHandler):
                 f"handler.decode_threads must be a positive integer, got {threads!r}",
                 fix="write e.g. decode_threads: 2, or leave it out for torch.get_num_threads()",
             )
-        draft = self.settings.get("jpeg_draft", cls.jpeg_draft)
-        if not isinstance(draft, bool):
-            raise ConfigError(f"handler.jpeg_draft must be true or false, got {draft!r}", fix="write jpeg_draft: true")
-        self.decode_threads, self.jpeg_draft = threads, draft
+        draft, fast = (self._flag(key, getattr(cls, key)) for key in ("jpeg_draft", "fast_resize"))
+        self.decode_threads, self.jpeg_draft, self.fast_resize = threads, draft, fast
         if draft:
             decisions.notes.append(
                 "jpeg_draft: JPEGs are decoded at reduced size where the resize allows "
                 "(faster; pixels differ from TorchServe's)"
             )
+        if fast:
+            decisions.notes.append(
+                "fast_resize: downscales by torch's uint8 kernel instead of PIL's "
+                "(faster; some pixels differ from TorchServe's by 1)"
+            )
+
+    def _flag(self, key: str, default: bool) -> bool:
+        value = self.settings.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"handler.{key} must be true or false, got {value!r}", fix=f"write {key}: true")
+        return value
 
     def _limit_pixels(self) -> bool:
         properties = getattr(self.context, "system_properties", None) or {}
@@ -212,7 +225,9 @@ class VisionHandler(BaseHandler):
         if self.image_mode != "RGB":
             return None
         pipeline = pipeline_from(self.image_processing)
-        return pipeline.with_draft(self.jpeg_draft) if pipeline is not None else None
+        if pipeline is None:
+            return None
+        return pipeline.with_options(draft=self.jpeg_draft, fast_resize=self.fast_resize)
 
     @timed
     def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor:
@@ -246,9 +261,11 @@ class VisionHandler(BaseHandler):
                 self.fail_request(index, exc)
 
         mode, background = self.image_mode, self.alpha_background
+        # With a fixed output shape, each thread normalises its images into their rows of the batch.
+        rows_out = _batch_array(pipeline, len(opened))
 
-        def decode(job: tuple[int, Any, tuple[int, int]]) -> Any:
-            index, image, full_size = job
+        def decode(job: tuple[int, tuple[int, Any, tuple[int, int]]]) -> Any:
+            slot, (index, image, full_size) = job
             image = load_image(image, index)
             try:
                 image = convert_mode(image, mode, background)
@@ -258,16 +275,26 @@ class VisionHandler(BaseHandler):
                     index,
                     fix="send an RGB, grayscale or palette image",
                 ) from exc
-            return pipeline.to_uint8(image, full_size) if pipeline is not None else image
+            if pipeline is None:
+                return image
+            pixels = pipeline.to_uint8(image, full_size)
+            if rows_out is None:
+                return pixels
+            pipeline.normalize_into(pixels, rows_out[slot])
+            return slot
 
-        decoded = self._map(decode, opened)
+        decoded = self._map(decode, list(enumerate(opened)))
         good = []
         for (index, _, _), result in zip(opened, decoded):
             if isinstance(result, RequestError):
                 self.fail_request(index, result)
             else:
                 good.append((index, result))
-        if pipeline is not None:
+        if rows_out is not None:
+            kept = rows_out if len(good) == len(opened) else rows_out[[slot for _, slot in good]]
+            batch = torch.from_numpy(kept)
+            rows = {index: batch[i] for i, (index, _) in enumerate(good)}
+        elif pipeline is not None:
             batch = self._normalized(pipeline, [pixels for _, pixels in good])
             rows = {index: batch[i] for i, (index, _) in enumerate(good)}
         else:
@@ -339,6 +366,16 @@ class VisionHandler(BaseHandler):
             attr = require("captum.attr", feature="explanations (Integrated Gradients)", pip="pip install captum")
             self.ig = attr.IntegratedGradients(self.model)
         return self.ig.attribute(tensor_data, target=target, n_steps=15).tolist()
+
+
+def _batch_array(pipeline: ResizeCropNormalize | None, count: int) -> Any:
+    """An uninitialised float32 numpy batch for ``count`` images of the pipeline's output
+    shape, or None when images may differ in shape (then they are normalised once decoded)."""
+    if pipeline is None or pipeline.output_shape is None or not count:
+        return None
+    import numpy as np
+
+    return np.empty((count, *pipeline.output_shape), dtype=np.float32)
 
 
 def _is_pil_image(value: Any) -> bool:
