@@ -30,6 +30,4 @@ class LoanHandler(BaseHandler):
 
     def postprocess(self, data):
         top, index = torch.softmax(data, dim=1).max(dim=1)
-        return [
-            {"decision": self.mapping[str(i)], "score": round(p, 4)} for i, p in zip(index.tolist(), top.tolist())
-        ]
+        return [{"decision": self.mapping[str(i)], "score": round(p, 4)} for i, p in zip(index.tolist(), top.tolist())]
