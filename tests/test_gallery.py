@@ -402,11 +402,12 @@ def test_multi_input_a_field_left_out_is_told_as_the_clients_form_or_json(tmp_pa
 @pytest.mark.torchserve
 def test_strings_are_shown_as_a_table_of_strings(tmp_path):
     run = opened("strings", tmp_path).run(batch_of("strings"))
-    assert kinds(run)[0] == "table" and kinds(run)[-1] == "table"
     (tokens,) = panels(run.stages["preprocess"])
     assert tokens.data["cells"] == [SENTENCES[0].split(), ["a", "big", "dog", "ran", "<pad>", "<pad>"]]
-    (tags,) = panels(run.stages["inference"])  # [2 sentences, 6 words, 5 tags]: a map per sentence
-    assert tags.kind == "features" and tags.data["grid"].shape[:2] == (2 + 6 + 2, 2 + 2 * (5 + 2))
+    assert kinds(run) == ["table", "heatmap", "table"]
+    (ax, _) = hk.show(run.stages["inference"]).get_axes()  # [2 sentences, 6 words, 5 tags]: a row per word
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(TAGS) and len(ax.texts) == 2 * 6 * 5
+    assert ax.get_ylabel() == "row (index of the leading dims [2, 6])"
     cells = table_cells(hk.show(run.stages["postprocess"]))
     assert cells[(0, 0)] == "value" and [cells[(r + 1, 0)] for r in range(2)] == run.output
 
