@@ -149,6 +149,26 @@ def test_a_tensor_that_is_no_image_is_read_as_rows_of_its_last_dim():
     assert kinds(torch.rand(1, 3, 2, 40)) == ["heatmap"]  # 3 x 2 rows of 40: not an image, too short for lines
 
 
+def test_class_scores_per_position_are_a_heat_map_with_a_column_per_class_whatever_the_length():
+    """A tagger's [N, L, K] output, K the mapping's width: the same picture for 6 words (an
+    image's size) as for 3, each class a named column; the model's input is never labelled so."""
+    tagger = SimpleNamespace(mapping={"0": "DET", "1": "NOUN", "2": "VERB", "3": "ADP", "4": "ADJ"})
+    for words in (6, 3):
+        scores = torch.randn(2, words, 5)
+        (panel,) = panels(StageResult(stage="inference", input=None, output=scores), handler=tagger)
+        assert panel.kind == "heatmap" and panel.data["shape"] == (2 * words, 5)
+        assert panel.data["columns"] == ["DET", "NOUN", "VERB", "ADP", "ADJ"] and panel.data["xlabel"] == "class"
+        assert panel.notes == [f"a row per index of the leading dims [2, {words}]", "labels from handler.mapping"]
+        assert panel.data["labels"][words] == [f"{v:.3g}" for v in scores[1, 0].tolist()]  # [1, 0]: row `words`
+    (ax, _) = viz.show(scores, handler=tagger).get_axes()  # the heat map and its colour bar
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["DET", "NOUN", "VERB", "ADP", "ADJ"]
+    assert ax.get_xlabel() == "class" and len(ax.texts) == 2 * 3 * 5
+    assert kinds(StageResult(stage="preprocess", input=None, output=torch.randn(2, 6, 5)), handler=tagger) == [
+        "features"
+    ]
+    assert kinds(torch.randn(2, 6, 4), handler=tagger) == ["features"]  # not the mapping's width
+
+
 def test_token_ids_are_a_table_and_their_attention_mask_a_heat_map_of_0_and_1():
     words = SimpleNamespace(vocab=["[PAD]", "[CLS]", "the", "cat"])
     encoded = {"input_ids": torch.tensor([[1, 2, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 0]])}

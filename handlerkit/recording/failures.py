@@ -221,6 +221,8 @@ def missing_key_fix(
 
     - its payload (the client's JSON object, or a list of them) lacks the key: the client's
       payload is at fault, not TorchServe's layout;
+    - the request is a form of named fields (any besides ``'data'`` and ``'body'``) without
+      that one: the client left the field out;
     - the request lacks a parameter of that name: TorchServe's layout (a raw body is under
       ``'body'``, form fields under their names) is what the handler misread.
 
@@ -249,6 +251,13 @@ def missing_key_fix(
             )
         if key.isdigit():  # a class index, not a parameter's name
             return ""
+        fields = [str(k) for k in row if k not in ("data", "body")]
+        if fields and key not in ("data", "body"):  # a form of named fields: the client left one out
+            return (
+                f"the client's form lacks the field {key!r}{suggestion(key, fields)}: {who} sent the fields "
+                f"{', '.join(repr(k) for k in row)}. Send {key!r} as a form field, or check for it in preprocess "
+                "and raise hk.RequestError(message, index) so the client gets a 400 that says what to send"
+            )
         return (
             f"{who} has no parameter {key!r} (it has {', '.join(repr(k) for k in row)}): TorchServe puts "
             "a raw body under 'body' and form fields under their names; read the payload with "
@@ -283,6 +292,15 @@ def failing_request(
 ) -> int | None:
     """The index of the first request whose preprocess fails alone (the context is bound back
     to the whole batch after), or None when each passes alone."""
+    return _alone(preprocess, batch, context, imports)[0]
+
+
+def _alone(
+    preprocess: Callable[[Any], Any], batch: Any, context: Any, imports: Callable[[], Any]
+) -> tuple[int | None, int | None]:
+    """``(the first request whose preprocess fails alone, one that passes alone)``, each None
+    when there is none; requests run one at a time until both are known."""
+    failing = passing = None
     try:
         for i, single in enumerate(batch.split()):
             single.bind(context)
@@ -291,10 +309,37 @@ def failing_request(
                     warnings.simplefilter("ignore")
                     preprocess(single.data)
             except Exception:
-                return i
+                failing = i if failing is None else failing
+            else:
+                passing = i if passing is None else passing
+            if failing is not None and passing is not None:
+                break
     finally:
         batch.bind(context)
-    return None
+    return failing, passing
+
+
+def _payload_fix(who: str, other: str, location: tuple[str, int, str] | None) -> str:
+    """The fix for a request that fails preprocess alone where another passes: what it sent
+    (a value of the wrong type, a malformed field) is what the handler cannot read."""
+    where = f", or correct {os.path.basename(location[0])} line {location[1]} if it should be read" if location else ""
+    return (
+        f"{who} fails preprocess alone where {other} passes, so what it sent is what the handler cannot read: "
+        f"compare its payload with {other}'s; refuse such a payload in preprocess with "
+        f"hk.RequestError(message, index) so the client gets a 400 that says what to send{where}"
+    )
+
+
+def _together_fix(count: int, location: tuple[str, int, str] | None) -> str:
+    """The fix for a batch whose preprocess fails although each of its requests passes alone:
+    what they sent differs where the handler puts them together."""
+    where = f", or make {os.path.basename(location[0])} line {location[1]} pad them" if location else ""
+    return (
+        f"each of the {count} requests passes preprocess alone, so it is their combination that fails: what they "
+        "sent differs where the handler puts them together (lists of different lengths, images of different "
+        "sizes); compare their payloads, and refuse one of the wrong size in preprocess with "
+        f"hk.RequestError(message, index) so the client gets a 400 that says what to send{where}"
+    )
 
 
 def stage_of(exc: BaseException, handler: Any) -> str:
@@ -342,8 +387,10 @@ def batch_error(
     """The :class:`StageError` for ``exc`` raised in ``stage`` of a batch, with the request at
     fault when it can be told: the error's own ``request_index``, the only request of a batch of
     one, or (for preprocess given the batch's own data, ``on_batch_data``) the first request
-    whose preprocess fails alone (:func:`failing_request`). handlerkit's own errors are about
-    the batch unless they say otherwise.
+    whose preprocess fails alone (:func:`failing_request`); when another passes alone, and no
+    usual cause fits, the fix says it is what that request sent, and when each passes alone,
+    that it is what they sent together. handlerkit's own errors are about the batch unless they
+    say otherwise.
 
     ``request_names`` maps request ids to what the message calls them (a file name);
     ``enveloped``: the handler got an envelope's view of the batch, not its request rows, so a
@@ -353,10 +400,11 @@ def batch_error(
     count = len(batch) if batch is not None else None
     if index is None and count == 1 and about_a_request:
         index = 0
+    passing = None  # a request that passes preprocess alone, where the one at fault fails
     if index is None and stage == "preprocess" and about_a_request and on_batch_data and count and count > 1:
         preprocess = getattr(handler, "preprocess", None)
         if callable(preprocess):
-            index = failing_request(preprocess, batch, context, imports)
+            index, passing = _alone(preprocess, batch, context, imports)
     names: dict[int, str] = {}  # what the messages call the requests named in request_names
     if request_names and batch is not None:
         names = {i: request_names[r.request_id] for i, r in enumerate(batch) if r.request_id in request_names}
@@ -364,6 +412,11 @@ def batch_error(
     if isinstance(exc, KeyError) and about_a_request and stage in ("preprocess", "handle") and not enveloped:
         fix = missing_key_fix(exc, batch.data, index, names) if batch is not None else None
     name = names.get(index) if index is not None else None
+    if fix is None and index is not None and passing is not None and suggest_fix(stage, exc) is None:
+        who, other = name or f"request {index}", names.get(passing) or f"request {passing}"
+        fix = _payload_fix(who, other, raised_at(exc, handler_files))
+    elif fix is None and index is None and passing is not None and suggest_fix(stage, exc) is None:  # each passes
+        fix = _together_fix(count or 0, raised_at(exc, handler_files))
     return stage_error(
         stage,
         exc,

@@ -19,6 +19,8 @@ other C                                    image) when C is the mapping's width 
                                            feature maps (``[C, H, W]`` likewise)
 ``[N, H, W]`` image-sized integers or      a segmentation mask over the input image
 booleans
+``[N, L, K]`` floats, a model output with  class scores per position (a tagger's): a heat
+K the mapping's width                      map, a row per ``[n, l]``, a column per class
 3-d and 4-d, not image-sized               a row per leading index (``[N, 1, T]`` audio:
                                            ``[N, T]``), then as 2-d
 ``[N, K]`` floats, a model output with K   top-k bars per row labelled from the mapping
@@ -207,6 +209,8 @@ def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     """The picture for a tensor of 1 to 4 dims (the table in the module docstring)."""
     view, dims = ctx.view, x.dim()
     width = len(view.mapping) if view.mapping else None
+    if dims == 3 and x.is_floating_point() and width and width >= 2 and x.shape[-1] == width and ctx.model_output:
+        return _scores_per_position(x, ctx, title)
     if dims >= 3 and not _image_sized(x.shape[-2], x.shape[-1]):
         return _rows(x, ctx, title)
     if x.dtype == torch.bool:
@@ -261,6 +265,20 @@ def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     if n <= MAX_VALUES:
         return values_panel(x, f"{title}: values")
     return lines_panel(x.unsqueeze(0), f"{title}: signal")
+
+
+def _scores_per_position(x: torch.Tensor, ctx: Context, title: str) -> Panel:
+    """``[N, L, K]`` model output, K the mapping's width (a tagger's class scores for each of L
+    tokens): a heat map, a row per ``[sample, position]``, a column per class named from the
+    mapping, whatever L is (an image-sized ``[N, L, K]`` is no image here)."""
+    lead = list(x.shape[:-1])
+    columns = [ctx.view.label(i) for i in range(x.shape[-1])]
+    where = f"row (index of the leading dims {lead})"
+    panel = heatmap_panel(
+        x.reshape(-1, x.shape[-1]), f"{title}: class scores per position", row=where, columns=columns, column="class"
+    )
+    panel.notes[:0] = [f"a row per index of the leading dims {lead}", f"labels from {ctx.view.mapping_at}"]
+    return panel
 
 
 def _rows(x: torch.Tensor, ctx: Context, title: str) -> Panel:

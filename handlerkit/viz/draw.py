@@ -133,6 +133,9 @@ def _heatmap(data: dict[str, Any], where: Any) -> None:
         for (r, c), text in np.ndenumerate(np.asarray(labels, dtype=object)):
             dark = not np.isfinite(values[r, c]) or values[r, c] < middle  # viridis is dark below its middle
             ax.text(c, r, _t(text), ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    columns = data.get("columns")
+    if columns is not None:  # each column named (the classes of a score per position)
+        ax.set_xticks(range(cols), [_t(c[:12]) for c in columns], rotation=45, ha="right")
     ax.set_xlabel(_t(data.get("xlabel", "column")))
     ax.set_ylabel(_t(data.get("ylabel", "row")))
 

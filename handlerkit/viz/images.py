@@ -58,16 +58,21 @@ def features_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     return Panel("features", title, {"grid": picture}, notes, size=(4.8, 4.4))
 
 
-def heatmap_panel(x: torch.Tensor, title: str, *, row: str = "row") -> Panel:
+def heatmap_panel(
+    x: torch.Tensor, title: str, *, row: str = "row", columns: list[str] | None = None, column: str = "column"
+) -> Panel:
     """A 2-d real tensor as an image with a colour bar; at most ``MAX_VALUE_ROWS`` x
     ``MAX_VALUE_COLS`` (a feature table: a row per request, a column per feature) with every
-    value written in its cell. `row` names what a row is (the y axis)."""
+    value written in its cell. `row` and `column` name what a row and a column are (the axes);
+    `columns` names each column (class labels) when there are at most ``MAX_VALUE_COLS``."""
     shape = tuple(x.shape)
     rows, cols = shape
     x, step = shrink(x, MAX_SIDE)
     values = x.float().cpu().numpy()
     notes = [f"every {step}th row and column"] if step > 1 else []
-    data: dict[str, Any] = {"values": values, "shape": shape, "ylabel": row}
+    data: dict[str, Any] = {"values": values, "shape": shape, "ylabel": row, "xlabel": column}
+    if columns is not None and len(columns) == cols <= MAX_VALUE_COLS:
+        data["columns"] = list(columns)
     if rows <= MAX_VALUE_ROWS and cols <= MAX_VALUE_COLS:
         integral = not x.is_floating_point()
         data["labels"] = [[str(int(v)) if integral else f"{v:.3g}" for v in line] for line in x.cpu().tolist()]
