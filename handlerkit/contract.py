@@ -68,7 +68,7 @@ def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> 
                 "output-type",
                 f"must return a list with one item per request, got {describe(output)} "
                 "(TorchServe answers 503 'Invalid model predict output')",
-                "return one item per request, e.g. output.tolist() for a tensor or [result] for a single dict",
+                _one_per_request(output),
                 stage,
             )
         )
@@ -88,6 +88,16 @@ def check_output(output: Any, batch_size: int | None, stage: str = "handle") -> 
             continue  # the usual item (a label → score dict) needs no more questions
         problems.extend(_check_item(item, index, stage))
     return problems
+
+
+def _one_per_request(output: Any) -> str:
+    """The fix for an output that is no list, in terms of what it is."""
+    if isinstance(output, (str, bytes, bytearray)):
+        kind = "str" if isinstance(output, str) else "bytes"
+        return f"return a list with one {kind} per request (the answers themselves, not one {kind} joined from them)"
+    if isinstance(output, tuple):
+        return "return a list, not a tuple: list(output), one item per request"
+    return "return one item per request, e.g. output.tolist() for a tensor or [result] for a single dict"
 
 
 _JSON_LEAVES = frozenset({str, int, bool, type(None)})

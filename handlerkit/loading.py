@@ -62,6 +62,7 @@ __all__ = [
     "list_classes",
     "load_module_from_file",
     "model_dir_imports",
+    "require_handle",
     "resolve_handler",
 ]
 
@@ -351,6 +352,15 @@ def _not_found(spec: str, name: str, mdir: str | None) -> HandlerLoadError:
     )
 
 
+def require_handle(instance: Any, what: str) -> None:
+    """Raise the HandlerLoadError for a handler instance without ``handle`` (``what`` names it)."""
+    if not hasattr(instance, "handle"):
+        raise HandlerLoadError(
+            f"{what} has no handle method; TorchServe calls instance.handle(data, context)",
+            fix="subclass handlerkit.BaseHandler (or TorchServe's), or define def handle(self, data, context): ...",
+        )
+
+
 def _entry_point(
     spec: str,
     module_part: str,
@@ -365,6 +375,13 @@ def _entry_point(
     label = f"module {module.__name__}" + (f" ({module_file})" if module_file else "")
     if hasattr(module, name):
         function = getattr(module, name)
+        if inspect.isclass(function):
+            raise HandlerLoadError(
+                f"handler {spec!r}: {name} in {label} is a class; after ':' TorchServe names a function "
+                f"and would call {name}(data, context) for every batch",
+                fix=f"write {module_part!r} (TorchServe then uses the module's one class), or name a function "
+                f"handle(data, context)",
+            )
         if not callable(function):
             raise HandlerLoadError(
                 f"handler {spec!r}: {label} has {name} = {type(function).__name__}, not a function; "
@@ -414,12 +431,7 @@ def _entry_point(
     cls = classes[0]
     with model_dir_imports(scope):
         instance = instantiate(cls, label=f"handler {spec!r}", build=build)
-    if not hasattr(instance, "handle"):
-        raise HandlerLoadError(
-            f"handler {spec!r}: class {cls.__name__} in {label} has no handle method; TorchServe calls "
-            f"instance.handle(data, context)",
-            fix="subclass handlerkit.BaseHandler (or TorchServe's), or define def handle(self, data, context): ...",
-        )
+    require_handle(instance, f"handler {spec!r}: class {cls.__name__} in {label}")
     if not hasattr(instance, "initialize"):
         warnings.warn(
             f"handlerkit: handler class {cls.__name__} has no initialize method; TorchServe 0.12 fails to "
@@ -468,22 +480,10 @@ def _builtin_names(package: str) -> list[str]:
 
 # ts/torch_handler in TorchServe 0.12, for messages when torchserve is not installed here (a
 # server always has its built-ins); the packages among them.
-_TORCHSERVE_BUILTINS = (
-    "base_handler",
-    "contractions",
-    "dali_handler",
-    "dali_image_classifier",
-    "densenet_handler",
-    "distributed",
-    "image_classifier",
-    "image_segmenter",
-    "object_detector",
-    "request_envelope",
-    "text_classifier",
-    "text_handler",
-    "trt_llm_handler",
-    "vision_handler",
-    "vllm_handler",
+_TORCHSERVE_BUILTINS = tuple(
+    "base_handler contractions dali_handler dali_image_classifier densenet_handler distributed image_classifier "
+    "image_segmenter object_detector request_envelope text_classifier text_handler trt_llm_handler vision_handler "
+    "vllm_handler".split()
 )
 _TORCHSERVE_PACKAGES = ("distributed", "request_envelope")
 

@@ -49,7 +49,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
 from handlerkit.isolation import model_dir_imports
-from handlerkit.loading import instantiate, resolve_handler
+from handlerkit.loading import instantiate, require_handle, resolve_handler
 from handlerkit.workdir import Directories
 
 if TYPE_CHECKING:
@@ -225,6 +225,7 @@ class Service:
                 self.function = resolved.function
         elif inspect.isclass(handler):
             self.handler = instantiate(handler, label=f"class {handler.__name__}", build=build)
+            require_handle(self.handler, f"class {handler.__name__}")
         elif inspect.isfunction(handler) or (callable(handler) and not hasattr(handler, "handle")):
             self.function = handler
         elif hasattr(handler, "handle"):

@@ -23,8 +23,8 @@ def test_overhead_measure_times_every_variant_in_every_round():
 
 
 def test_builtin_benchmark_judges_answers_against_torchserve(tmp_path, capsys):
-    """The benchmark's exactness check on two of its photo-like JPEGs: same top-1 and top-5
-    within its tolerance, handlerkit against TorchServe's own ImageClassifier on resnet18."""
+    """The benchmark's exactness check on two of its photo-like JPEGs: handlerkit's answers are
+    TorchServe's own ImageClassifier's, bit for bit, on resnet18; the fast_resize opt-in's are not."""
     import builtin_vs_torchserve as bench
     from ts.torch_handler.image_classifier import ImageClassifier as TorchServeImageClassifier
 
@@ -34,7 +34,11 @@ def test_builtin_benchmark_judges_answers_against_torchserve(tmp_path, capsys):
     batch = hk.batch(*(hk.Request.from_bytes(image, "image/jpeg") for image in bench.photo_jpegs(n=2)))
     ts = bench.Contender("TorchServe 0.12", TorchServeImageClassifier(), model_dir)
     ours = bench.Contender("handlerkit", hk.handlers.ImageClassifier(), model_dir)
+    fast = bench.Contender("fast", hk.handlers.ImageClassifier(), model_dir, {"handler": {"fast_resize": True}})
     assert bench.check_answers("two photos", ts, [ours], batch)
-    assert "top-1 same on 2/2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "top-1 same on 2/2" in out and out.rstrip().endswith(" identical")
+    assert not bench.check_answers("two photos", ts, [fast], batch)  # the check can fail
+    assert "MISSED: not identical" in capsys.readouterr().out
     same, total, worst, _ = bench.agreement([{"a": 0.6, "b": 0.4}], [{"b": 0.55, "a": 0.45}])
     assert (same, total) == (0, 1) and abs(worst - 0.05) < 1e-9  # the check can fail

@@ -54,6 +54,19 @@ def test_a_problem_is_data_with_where_what_and_the_fix():
     assert nan.check == "item-nan" and nan.request_index == 1 and nan.message.endswith("not valid JSON")
 
 
+@pytest.mark.parametrize(
+    ("output", "fix"),
+    [
+        ("cat\ndog", "return a list with one str per request (the answers themselves, not one str joined from them)"),
+        (b"\x89PNG", "return a list with one bytes per request (the answers themselves, not one bytes joined from them)"),
+        (({"a": 1}, {"b": 2}), "return a list, not a tuple: list(output), one item per request"),
+    ],
+)
+def test_the_fix_for_an_output_that_is_no_list_fits_what_it_is(output, fix):
+    (kind,) = check_output(output, 2, stage="postprocess")
+    assert kind.check == "output-type" and kind.fix == fix
+
+
 def test_skipped_stages_only_for_handlers_that_have_stage_methods():
     class OnlyHandle:
         def handle(self, data, context):

@@ -423,6 +423,7 @@ def test_strings_joined_into_one_string_break_the_contract_at_postprocess(tmp_pa
         h.initialize(), h.preprocess(batch), h.inference()
         post = h.postprocess()
     assert [(p.stage, p.request_index, p.severity) for p in post.problems] == [("postprocess", None, "error")]
+    assert post.problems[0].fix.startswith("return a list with one str per request (the answers themselves")
     with pytest.raises(
         AssertionError,
         match=r"(?s)broke TorchServe's contract on a batch of 2 request\(s\).*"

@@ -192,6 +192,14 @@ def test_class_without_handle_is_an_error(tmp_path):
     assert info.value.fix.startswith("subclass handlerkit.BaseHandler (or TorchServe's)")
 
 
+def test_a_class_named_after_the_colon_is_no_function(tmp_path):
+    write(tmp_path, "loan.py", "class Loan:\n    def handle(self, d, c):\n        return d\n")
+    with pytest.raises(HandlerLoadError, match=r"handler 'loan:Loan': Loan in module loan .* is a class; after ':' TorchServe names a function") as info:
+        resolve_handler("loan:Loan", tmp_path)
+    assert info.value.fix == "write 'loan' (TorchServe then uses the module's one class), or name a function handle(data, context)"
+    assert resolve_handler("loan", tmp_path).cls.__name__ == "Loan"
+
+
 def test_constructor_with_arguments_is_an_error(tmp_path):
     write(tmp_path, "needs_args.py", "class H:\n    def __init__(self, x):\n        pass\n    def handle(self, d, c):\n        pass\n")
     with pytest.raises(HandlerLoadError, match=r"TorchServe builds the handler with H\(\) \(no arguments\), and that raised TypeError") as info:

@@ -121,6 +121,16 @@ def test_every_handler_form(tmp_path):
         Service(42, ctx)
 
 
+def test_a_class_without_handle_is_a_load_error_with_a_fix():
+    class Stages:  # the three stages, but nothing TorchServe calls
+        def preprocess(self, data):
+            return data
+
+    with pytest.raises(HandlerLoadError, match=r"^class Stages has no handle method; TorchServe calls instance\.handle") as info:
+        Service(Stages, hk.MockContext())
+    assert info.value.fix.startswith("subclass handlerkit.BaseHandler (or TorchServe's)")
+
+
 def test_a_constructor_that_needs_arguments_is_a_load_error_with_a_fix():
     class NeedsArgs:
         def __init__(self, path):
