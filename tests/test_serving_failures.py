@@ -154,7 +154,9 @@ def test_a_failing_batch_is_answered_503_and_its_stage_error_logged_once(base: s
     index = int(re.search(r"for request (\d+)", stage_line).group(1))
     assert ids[index] == "req-boom", (ids, index)
     assert at == f'  at {model / "failing.py"}:{FAILING_LINE}: raise ValueError("this request asks to fail")'
-    assert fix.startswith(f"  fix: ValueError was raised at failing.py line {FAILING_LINE}")
+    # It fails alone where the others pass: what it sent is at fault, or the line that reads it.
+    assert fix.startswith(f"  fix: request {index} fails preprocess alone where request "), fix
+    assert fix.endswith(f"or correct failing.py line {FAILING_LINE} if it should be read"), fix
     serve.delete("failing")
 
 
