@@ -35,3 +35,4 @@ def test_a_request_it_cannot_read_is_named(hk_harness):
     with pytest.raises(hk.StageError, match="request 0: expected") as failed:
         hk_harness().run(hk.batch(garbage))
     assert failed.value.stage == "preprocess"
+    assert failed.value.fix.startswith("send ")  # what the handler's RequestError tells the client to send

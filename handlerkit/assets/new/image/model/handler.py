@@ -3,7 +3,9 @@
 
 TorchServe loads this file as it is, with handlerkit installed on the server (list it in a
 requirements.txt); without handlerkit, import BaseHandler from ts.torch_handler.base_handler
-instead: the stages and the attributes (self.model, self.mapping, self.device) are the same.
+instead (the stages and the attributes self.model, self.mapping, self.device are the same) and
+raise ValueError where this raises RequestError. A RequestError names the request at fault and
+what to send; TorchServe answers the client 400 with its message instead of 503.
 BaseHandler.initialize loads model.py's class with model.pt and index_to_name.json; its
 inference runs the model on self.device.
 """
@@ -15,6 +17,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
+from handlerkit.errors import RequestError
 from handlerkit.handlers import BaseHandler
 
 
@@ -34,9 +37,11 @@ class ColorClassifier(BaseHandler):
             try:
                 image = Image.open(io.BytesIO(body)).convert("RGB")  # grayscale, RGBA... -> RGB
             except Exception as exc:
-                raise ValueError(
+                raise RequestError(
                     f"request {index}: expected an image (PNG, JPEG...) as the body or the form field "
-                    f"'data', got {type(body).__name__} that PIL cannot read ({exc})"
+                    f"'data', got {type(body).__name__} that PIL cannot read ({exc})",
+                    index,
+                    fix="send a PNG or JPEG file as the body, or base64 of it in JSON",
                 ) from exc
             images.append(self.transform(image))
         return torch.stack(images).to(self.device)

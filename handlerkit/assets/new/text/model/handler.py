@@ -4,7 +4,9 @@ index_to_name.json names.
 
 TorchServe loads this file as it is, with handlerkit installed on the server (list it in a
 requirements.txt); without handlerkit, import BaseHandler from ts.torch_handler.base_handler
-instead: the stages and the attributes (self.model, self.mapping, self.device) are the same.
+instead (the stages and the attributes self.model, self.mapping, self.device are the same) and
+raise ValueError where this raises RequestError. A RequestError names the request at fault and
+what to send; TorchServe answers the client 400 with its message instead of 503.
 BaseHandler.initialize loads model.py's class with model.pt and index_to_name.json; its
 inference runs the model on self.device.
 """
@@ -14,10 +16,12 @@ import re
 
 import torch
 
+from handlerkit.errors import RequestError
 from handlerkit.handlers import BaseHandler
 
 PAD, UNKNOWN = 0, 1  # the ids of vocab.txt's first two lines, <pad> and <unk>
 WORD = re.compile(r"[a-z']+")
+SEND = "send UTF-8 text as the body (text/plain), or a JSON string"
 
 
 class SentimentClassifier(BaseHandler):
@@ -42,9 +46,11 @@ class SentimentClassifier(BaseHandler):
                 try:
                     text = text.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise ValueError(f"request {index}: expected UTF-8 text, got bytes that are not ({exc})") from exc
+                    raise RequestError(
+                        f"request {index}: expected UTF-8 text, got bytes that are not ({exc})", index, fix=SEND
+                    ) from exc
             if not isinstance(text, str):
-                raise ValueError(f"request {index}: expected text, got {type(text).__name__}")
+                raise RequestError(f"request {index}: expected text, got {type(text).__name__}", index, fix=SEND)
             words = WORD.findall(text.lower())[: self.max_tokens]
             rows.append([self.ids.get(word, UNKNOWN) for word in words])
         # Padded to the longest text; the model's mean leaves padding out, so each request
