@@ -37,6 +37,7 @@ from handlerkit.request_processor import (  # re-exported: handlerkit.context.Re
     bind_requests,
     read_responses,
 )
+from handlerkit.streaming import ChunkSocket
 
 __all__ = [
     "Dimension",
@@ -61,19 +62,6 @@ _BIND_FIX = (
 
 
 # -- the context ------------------------------------------------------------------------------
-class _IntermediateResponses:
-    """Stands in for the worker socket: keeps what ``send_intermediate_predict_response`` sends."""
-
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-
-    def sendall(self, data: bytes | bytearray) -> None:
-        self.sent.append(bytes(data))
-
-    def __repr__(self) -> str:
-        return f"<intermediate responses: {len(self.sent)} sent>"
-
-
 class MockContext:
     """A stand-in for TorchServe's ``ts.context.Context``, for running handlers outside the server.
 
@@ -136,7 +124,9 @@ class MockContext:
     Attributes:
         inferred: for :meth:`from_model_dir` without a MANIFEST, each manifest key handlerkit
             inferred and why; empty otherwise.
-        cl_socket: collects intermediate (streaming) responses in ``cl_socket.sent``.
+        cl_socket: the worker socket's stand-in (:class:`~handlerkit.streaming.ChunkSocket`): what
+            ``send_intermediate_predict_response`` sends (streaming) lands in ``cl_socket.sent``,
+            with its time; the Harness decodes it into chunks (``Run.chunks``, ``h.stream``).
         implicit_batch: True while the batch is one a handler bound itself (see above); the
             next such call replaces it, and any other binding resets it.
         explain: False, as on TorchServe's test MockContext; tests set it, and there as here it
@@ -199,7 +189,7 @@ class MockContext:
         self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
         self.header_key_sequence_start = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
         self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
-        self.cl_socket = _IntermediateResponses()
+        self.cl_socket = ChunkSocket()
         self.inferred: dict[str, str] = {}
         # None until a batch is bound (Batch.bind / bind_requests), as in ts.context.Context.
         self.request_ids: dict[int, str] | None = None

@@ -8,7 +8,8 @@ JSON-serialisable (``torch.Tensor`` items are sent as ``torch.save`` bytes). NaN
 as ``NaN``, which strict JSON clients reject. :func:`check_output` says so, per request, as
 :class:`Problem` data with its fix, before TorchServe turns the mistake into "worker died".
 Each request's status (``context.set_response_status``) goes out as its HTTP status line, so
-it must be an HTTP code: :func:`check_statuses`. The worker binds no request before
+it must be an HTTP code: :func:`check_statuses`. A streaming handler's chunks obey the
+frontend's rules (``BatchAggregator.sendResponse``): :func:`check_chunks`. The worker binds no request before
 ``initialize``, so a request-header read there fails the model load: :func:`header_reads_in_initialize`.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "STAGES",
     "HeaderReads",
     "Problem",
+    "check_chunks",
     "check_output",
     "check_statuses",
     "header_reads_in_initialize",
@@ -279,3 +281,104 @@ def skipped_stages(handler: Any) -> list[Problem]:
             severity="warning",
         )
     ]
+
+
+#: The output problems after which the worker answers the whole batch 503 instead of the final answers.
+_BATCH_FAILS = frozenset({"output-type", "output-count", "item-serialisable"})
+#: ``create_predict_response``'s message when a chunk's payload has no encoding.
+_UNENCODABLE = "Unsupported model output data type."
+
+
+def check_chunks(
+    chunks: Sequence[Any],
+    malformed: Sequence[tuple[int, str]],
+    request_ids: Mapping[int, str],
+    output_problems: Sequence[Problem],
+    stage: str = "handle",
+) -> list[Problem]:
+    """The frontend's rules for what a streaming handler sent before ``handle`` returned.
+
+    ``chunks`` are :class:`~handlerkit.streaming.Chunk` s (request id, batch index, frame code and
+    message), ``malformed`` the sends that were no frame (position, why), ``request_ids`` the
+    batch's, ``output_problems`` what :func:`check_output` found in the final answer.
+
+    TorchServe 0.12's ``BatchAggregator.sendResponse`` fails the worker on a 200 frame naming a
+    request id it is not serving ("Unexpected job in sendResponse() with 200 status code"),
+    answers every request of the batch with the error of a non-200 frame and forgets them (the
+    final answer then goes nowhere), and a stream ends only with the final answer.
+    """
+    problems = [
+        Problem(
+            "chunk-frame",
+            f"send {position} to context.cl_socket is not a predict-response frame ({why}): "
+            "TorchServe's frontend cannot read it and the worker's connection fails",
+            "send chunks with ts.handler_utils.utils.send_intermediate_predict_response(ret, "
+            "context.request_ids, message, 200, context)",
+            stage,
+        )
+        for position, why in malformed
+    ]
+    known = ", ".join(repr(rid) for rid in request_ids.values()) or "none"
+    foreign: dict[str, None] = {}
+    failed_frames: dict[int, Any] = {}
+    for chunk in chunks:
+        if chunk.frame_code != 200:
+            failed_frames.setdefault(chunk.frame, chunk)
+        elif chunk.index is None:
+            foreign.setdefault(chunk.request_id)
+    for request_id in foreign:
+        problems.append(
+            Problem(
+                "chunk-request",
+                f"sent a chunk for request id {request_id!r}, which is not in the batch (its ids: {known}): "
+                "TorchServe's frontend throws 'Unexpected job in sendResponse() with 200 status code' "
+                "and the batch's clients get an error instead of their streams",
+                "pass the batch's own ids: send_intermediate_predict_response(ret, context.request_ids, ...), "
+                "ret holding one item per request, by index",
+                stage,
+            )
+        )
+    for chunk in failed_frames.values():
+        if chunk.frame_message == _UNENCODABLE:
+            problems.append(
+                Problem(
+                    "chunk-type",
+                    f"a chunk's payload is of a type the worker cannot encode: send_intermediate_predict_response "
+                    f"sent 503 {_UNENCODABLE!r} instead, and the frontend ends every request of the batch "
+                    "with that error (the final answer goes nowhere)",
+                    "send str, bytes or JSON-serialisable values (lists, dicts with str keys, numbers: tensor.tolist())",
+                    stage,
+                    chunk.index,
+                )
+            )
+        else:
+            problems.append(
+                Problem(
+                    "chunk-status",
+                    f"sent a chunk frame with code {chunk.frame_code} ({chunk.frame_message!r}): TorchServe's "
+                    "frontend answers every request of the batch with that error and ends their streams "
+                    "(the final answer goes nowhere)",
+                    "send chunks with code 200; to fail one request, set its status in the final answer "
+                    "(context.set_response_status(code, phrase, idx)); to fail the batch, raise PredictionException",
+                    stage,
+                    chunk.index,
+                )
+            )
+    fatal = [p for p in output_problems if p.severity == "error" and p.check in _BATCH_FAILS]
+    if fatal and not failed_frames:
+        counts: dict[int, int] = {}
+        for chunk in chunks:
+            if chunk.index is not None and chunk.frame_code == 200:
+                counts[chunk.index] = counts.get(chunk.index, 0) + 1
+        for index in sorted(counts):
+            problems.append(
+                Problem(
+                    "stream-unfinished",
+                    f"got {counts[index]} chunk(s) but no final answer ({fatal[0].check}: the worker answers "
+                    "the batch 503): its client sees the chunks, then an error instead of the stream's end",
+                    "return a list from handle with one encodable item per request: the stream ends with it",
+                    stage,
+                    index,
+                )
+            )
+    return problems

@@ -28,19 +28,20 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
-from handlerkit.contract import HANDLER_STAGES, STAGES, HeaderReads, Problem, check_output, skipped_stages
+from handlerkit.contract import STAGES, HeaderReads, Problem, check_output, skipped_stages
 from handlerkit.diagnostics.reports import Reports
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.recording import failures, spy
 from handlerkit.recording.capture import Capture, ListHandler, enable_info_logs
 from handlerkit.recording.recorder import Recorder
-from handlerkit.results import Run, StageResult
+from handlerkit.results import Run, StageResult, run_mode
 from handlerkit.service import Service, WorkingDir
+from handlerkit.streaming import Chunk, ChunkSocket, collect, streamed
 from handlerkit.timer import Timer
 
 __all__ = ["Harness"]
@@ -97,7 +98,7 @@ class Harness(Reports):
                 raise ValueError("a Service brings its own envelope: open it with envelope=..., not the Harness")
             self.service = handler
         else:
-            self.service = Service(handler, context, envelope=envelope, build=_build_spied, working_dir=working_dir)
+            self.service = Service(handler, context, envelope=envelope, build=spy.build_spied, working_dir=working_dir)
         # Built as the spied class already (a class or spec), or given the spied class now (an
         # instance, a Service opened elsewhere): stage calls inside handle reach the recorder.
         self._spied = self.handler is not None and spy.spy_on(self.handler)
@@ -107,6 +108,8 @@ class Harness(Reports):
             enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self.batch: Any = None
+        #: The last :meth:`run`'s (or :meth:`stream`'s) Run; None before one succeeds.
+        self.last_run: Run | None = None
         self._warning_registry: dict[Any, Any] = {}
         self._capture: Capture | None = None
         self._log_handler = ListHandler()
@@ -136,7 +139,7 @@ class Harness(Reports):
         ``model_name``, ``envelope`` …). An archive's temporary dir lives until
         ``h.service.close()``.
         """
-        service = Service.open(model, handler=handler, build=_build_spied, **options)
+        service = Service.open(model, handler=handler, build=spy.build_spied, **options)
         return cls(service, track_memory=track_memory, capture_logs=capture_logs)
 
     # -- what the service holds ----------------------------------------------------------
@@ -196,13 +199,13 @@ class Harness(Reports):
     @contextlib.contextmanager
     def preserved(self) -> Iterator[None]:
         """Run extra batches (checks, timing) and put the results and the bound batch back after."""
-        results, batch = dict(self.results), self.batch
+        results, batch, last_run = dict(self.results), self.batch, self.last_run
         try:
             yield
         finally:
             self.results.clear()
             self.results.update(results)
-            self.batch = batch
+            self.batch, self.last_run = batch, last_run
             if batch is not None:
                 batch.bind(self.context)
 
@@ -407,6 +410,7 @@ class Harness(Reports):
                 spy.start(self.handler, recorder)
             timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
             t0 = time.perf_counter_ns()
+            socket = ChunkSocket.begin_run(self.context, t0)  # a streaming handler's chunks, timed from here
             try:
                 output = entry(data, self.context)
             except Exception as exc:
@@ -436,15 +440,22 @@ class Harness(Reports):
         last.problems = check_output(output, count, stage=last.stage)
         if last.stage == "handle" and self.handler is not None and self._spied:  # else unobservable
             last.problems.extend(skipped_stages(self.handler))
+        sent = collect(socket, self.context, handle_ms, last.problems) if socket and socket.sent else None
+        last.problems.extend(sent.problems if sent else ())  # the frontend's rules for chunks
         self._warn_problems(last.problems)
         stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
-        if "describe" in stages:
-            mode = "describe"
-        elif "explain" in stages:
-            mode = "explain"
-        else:
-            mode = "stages" if any(s in stages for s in HANDLER_STAGES) else "handle"
-        return Run(output=output, stages=stages, batch_size=count, mode=mode, handle_ms=handle_ms, source=self.handler)
+        run = Run(output, stages, count, run_mode(stages), handle_ms, source=self.handler)
+        if sent is not None:
+            run.chunks, run.streams = sent.chunks, sent.streams
+        self.last_run = run
+        return run
+
+    def stream(self, batch_or_data: Any) -> Generator[Chunk, None, Run]:
+        """:meth:`run` in a worker thread, yielding each chunk a streaming handler sends as it
+        sends it (:class:`~handlerkit.streaming.Chunk`: request, payload, status, headers, time):
+        ``for chunk in h.stream(batch): print(chunk.index, chunk.text)``. It returns the Run (``h.last_run`` too); a failing handler raises its StageError from it
+        and the harness stays usable. Breaking out early waits for ``handle`` to finish."""
+        return streamed(lambda: self.run(batch_or_data), self.context)
 
     def handle(self, batch_or_data: Any) -> Any:
         """Exactly what the worker does: ``handle(batch.data, context)`` after binding the batch."""
@@ -486,10 +497,3 @@ def _wrapped(envelope: Any, output: Any) -> Any:
     if output is None or (isinstance(output, (list, tuple, dict, str)) and not output):
         return output
     return envelope.format_output(output)
-
-
-def _build_spied(cls: type) -> Any:
-    """``cls()``, built as its spied subclass (:mod:`handlerkit.recording.spy`) so that objects
-    made in ``__init__`` that keep its stage methods (TorchServe's MicroBatching) call through to
-    the recorder."""
-    return (spy.spied_class(cls) or cls)()

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from handlerkit._render import Rendered, Table
 from handlerkit._text import format_bytes
+from handlerkit.contract import HANDLER_STAGES
 from handlerkit.errors import StageError
 from handlerkit.summaries import TensorInfo, describe, iter_tensors, tensor_infos, tensor_summary
 
-__all__ = ["LogEntry", "Run", "StageResult", "TensorInfo"]
+if TYPE_CHECKING:
+    from handlerkit.streaming import Chunk, RequestStream
+
+__all__ = ["LogEntry", "Run", "StageResult", "TensorInfo", "run_mode"]
 
 
 @dataclass(slots=True)
@@ -140,6 +144,12 @@ class Run(Rendered):
             ``"describe"``, or ``"handle"`` (handle ran no stage method).
         handle_ms: the whole ``handle`` call, stages and what ``handle`` did around them.
         source: the handler that produced it.
+        chunks: what a streaming handler sent before ``handle`` returned, one
+            :class:`~handlerkit.streaming.Chunk` per request per send, in send order (each
+            with its request id, payload, status, headers and time).
+        streams: per request of the batch that got chunks, a
+            :class:`~handlerkit.streaming.RequestStream`: its chunks, time to first chunk,
+            inter-chunk p50/p99.
     """
 
     output: Any
@@ -148,6 +158,8 @@ class Run(Rendered):
     mode: str = "stages"
     handle_ms: float | None = None
     source: Any = field(default=None, repr=False, compare=False)
+    chunks: list[Chunk] = field(default_factory=list)
+    streams: list[RequestStream] = field(default_factory=list)
 
     @property
     def timings(self) -> dict[str, float]:
@@ -173,7 +185,12 @@ class Run(Rendered):
     def _summary(self) -> str:
         problems = self.problems
         verdict = f", {len(problems)} problem(s)" if problems else ""
-        return f"Run of {self.batch_size} request(s), {self.total_ms:.2f} ms{verdict}"
+        streamed = ""
+        if self.chunks:
+            first = min((s.first_chunk_ms for s in self.streams), default=None)
+            after = f", first after {first:.2f} ms" if first is not None else ""
+            streamed = f", {len(self.chunks)} chunk(s){after}"
+        return f"Run of {self.batch_size} request(s), {self.total_ms:.2f} ms{streamed}{verdict}"
 
     def _tables(self) -> list[Table]:
         rows, inner = [], []
@@ -186,6 +203,8 @@ class Run(Rendered):
         tables = [Table(("stage", "calls", "wall ms", "output"), rows)]
         if inner:
             tables.append(Table(("stage", "tensor", "summary"), inner, "tensors in the outputs"))
+        if self.streams:
+            tables.append(_streams_table(self.streams))
         problems = self.problems
         if problems:
             problem_rows = [
@@ -194,6 +213,27 @@ class Run(Rendered):
             ]
             tables.append(Table(("severity", "stage", "request", "problem", "fix"), problem_rows, "contract problems"))
         return tables
+
+
+def run_mode(stages: dict[str, StageResult]) -> str:
+    """A Run's ``mode`` from the stages ``handle`` ran (see :class:`Run`)."""
+    if "describe" in stages:
+        return "describe"
+    if "explain" in stages:
+        return "explain"
+    return "stages" if any(s in stages for s in HANDLER_STAGES) else "handle"
+
+
+def _streams_table(streams: list[RequestStream]) -> Table:
+    def ms(value: float | None) -> Any:
+        return "" if value is None else round(value, 3)
+
+    rows = [
+        [s.index, s.request_id, len(s.chunks), ms(s.first_chunk_ms), ms(s.inter_chunk_p50_ms), ms(s.inter_chunk_p99_ms)]
+        for s in streams
+    ]
+    headers = ("request", "id", "chunks", "first chunk ms", "inter-chunk p50 ms", "p99 ms")
+    return Table(headers, rows, "streamed before handle returned (the final answer counts as the last chunk)")
 
 
 def _value_rows(label: str, value: Any, *, limit: int, only_tensors: bool = False) -> list[tuple[str, str]]:

@@ -9,13 +9,24 @@ two ``time.perf_counter_ns()`` calls.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from handlerkit.devices import device_kind, needs_sync, synchronize
 
-__all__ = ["Timer"]
+__all__ = ["Timer", "percentile"]
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of sorted, non-empty ``ordered``: linear interpolation between
+    closest ranks (numpy's default "linear" method), so p90 of ``[1, …, 10]`` is 9.1."""
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def _timing_events(kind: str) -> tuple[Any, Any] | None:

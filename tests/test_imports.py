@@ -51,6 +51,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.requests": 2,
     "handlerkit.batches": 2,
     "handlerkit._wire": 2,
+    "handlerkit.streaming": 2,
     "handlerkit.envelopes": 2,
     "handlerkit.modeldir": 2,
     "handlerkit.config": 2,

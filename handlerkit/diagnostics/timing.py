@@ -27,6 +27,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs
 from handlerkit.errors import HandlerkitWarning
+from handlerkit.timer import percentile
 
 __all__ = [
     "END_TO_END",
@@ -45,14 +46,6 @@ END_TO_END = "end_to_end"
 """The key under which end-to-end samples travel next to the per-stage samples."""
 
 # --- statistics --------------------------------------------------------------------------
-
-
-def _percentile(ordered: Sequence[float], q: float) -> float:
-    # Linear interpolation between closest ranks (numpy's default "linear" method).
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
@@ -94,8 +87,8 @@ def summarize(samples: Iterable[float]) -> TimingStats:
     return TimingStats(
         n=len(values),
         min=ordered[0],
-        median=_percentile(ordered, 50),
-        p90=_percentile(ordered, 90),
+        median=percentile(ordered, 50),
+        p90=percentile(ordered, 90),
         mean=total / len(values),
         std=statistics.stdev(values) if len(values) > 1 else 0.0,
         total=total,

@@ -31,7 +31,7 @@ from typing import Any
 
 from handlerkit.errors import HandlerkitError
 
-__all__ = ["SPIED", "is_spied", "own_class", "spied_class", "spy_on", "start", "stop"]
+__all__ = ["SPIED", "build_spied", "is_spied", "own_class", "spied_class", "spy_on", "start", "stop"]
 
 #: Handler methods a run watches, and the stage each one is.
 SPIED = (
@@ -117,6 +117,13 @@ def spied_class(cls: type) -> type | None:
     owner.append(spied)
     _SPIED_CLASSES[cls] = spied
     return spied
+
+
+def build_spied(cls: type) -> Any:
+    """``cls()``, built as its spied subclass (:func:`spied_class`) so that objects made in
+    ``__init__`` that keep its stage methods (TorchServe's MicroBatching) call through to the
+    recorder (the Harness's ``build`` for :class:`~handlerkit.service.Service`)."""
+    return (spied_class(cls) or cls)()
 
 
 def _reduce_as(cls: type, owner: list[type]) -> Callable[..., Any]:
