@@ -293,6 +293,7 @@ def test_chunks_without_a_final_answer_are_a_problem_per_request():
         return "a joined answer"
 
     run, problems = _run_with_problems(returns_a_string, _batch(1, 2))
+    assert "output-type" in problems  # the final answer's own problem, beside the streams'
     unfinished = [p for p in run.problems if p.check == "stream-unfinished"]
     assert [p.request_index for p in unfinished] == [0, 1]
     assert "got 2 chunk(s) but no final answer (output-type" in unfinished[0].message

@@ -19,10 +19,9 @@ import json
 from pathlib import Path
 
 import pytest
-from _vision_examples import ts_imports
-from conftest import ts_metrics_cache
 
 import handlerkit as hk
+from conftest import ts_imports, ts_metrics_cache
 from handlerkit.streaming import ChunkSocket, decode_frame
 
 pytestmark = pytest.mark.torchserve
