@@ -95,12 +95,18 @@ class TinyVLLMHandler:
 
 SYNC_HANDLER = """
 class SyncHandler:
+    def initialize(self, context):
+        pass
+
     def handle(self, data, context):
         return ["sync" for _ in data]
 """
 
 UNAWAITED = """
 class ForgetfulHandler:
+    def initialize(self, context):
+        pass
+
     async def handle(self, data, context):
         return [self.generate(row) for row in data]  # no await
 
