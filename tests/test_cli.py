@@ -164,10 +164,8 @@ def test_run_json_is_the_only_thing_on_stdout(capsys):
 
 
 def test_what_a_handler_prints_goes_to_stderr_under_json(tmp_path, capsys):
-    model = handler_dir(
-        tmp_path / "m",
-        "def handle(data, context):\n    print('chatty handler')\n    return ['ok' for _ in data or []]\n",
-    )
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    print('chatty handler')\n"
+                        "    return ['ok' for _ in data or []]\n")
     request = tmp_path / "r.txt"
     request.write_text("hi")
     with pytest.warns(Warning, match="inferred the manifest"):
@@ -183,7 +181,7 @@ def test_requests_are_typed_by_extension_or_content_type(tmp_path, capsys):
     model = handler_dir(tmp_path / "m", TYPE_HANDLER)
     (tmp_path / "a.json").write_text('{"x": 1}')
     (tmp_path / "b.txt").write_text("hello")
-    (tmp_path / "c.dat").write_text("[1, 2]")
+    (tmp_path / "c.dat").write_text('[1, 2]')
     files = [tmp_path / "a.json", tmp_path / "b.txt", CIRCLE, tmp_path / "c.dat"]
     with pytest.warns(Warning, match="inferred the manifest"):
         _, guessed = cli_json(capsys, "run", model, *files)
@@ -206,9 +204,8 @@ def test_a_handler_returning_no_list_is_reported_with_exit_code_1(tmp_path, caps
 
 
 def test_a_stage_that_raises_is_exit_code_1_with_the_stage_named(tmp_path, capsys):
-    model = handler_dir(
-        tmp_path / "m", "def handle(data, context):\n    if data:\n        raise ValueError('no good')\n    return []\n"
-    )
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    if data:\n"
+                        "        raise ValueError('no good')\n    return []\n")
     request = tmp_path / "r.txt"
     request.write_text("x")
     with pytest.warns(Warning, match="inferred the manifest"):
@@ -249,23 +246,18 @@ def test_a_mar_that_is_not_a_zip_is_exit_code_2(capsys, tmp_path):
     fake.write_bytes(b"not a zip at all")
     assert_usage_error(*cli(capsys, "run", fake, SQUARE), "model.mar is not a model archive: the file is not a zip")
     assert_usage_error(*cli(capsys, "inspect", fake), "model.mar is not a model archive")
-    assert_usage_error(
-        *cli(capsys, "run", SQUARE, SQUARE), "square.png' is not a directory, nor a model archive"
-    )  # an image as the model
+    assert_usage_error(*cli(capsys, "run", SQUARE, SQUARE), "square.png' is not a directory, nor a model archive")  # an image as the model
 
 
-@pytest.mark.parametrize(
-    "argv, fragment",
-    [
-        (["run", str(MODEL), SQUARE, "--bogus"], "unrecognized arguments: --bogus (see 'handlerkit run --help')"),
-        (["time", str(MODEL), SQUARE, "--sweep", "0,2"], "argument --sweep: expected distinct positive batch sizes"),
-        (["time", str(MODEL), SQUARE, "--repeat", "x"], "argument --repeat: expected a positive integer: got 'x'"),
-        (["archive", str(MODEL), "-o", "out", "--format", "zip"], "argument --format"),
-        (["chek", str(MODEL)], "unknown command 'chek' (did you mean 'check'?)"),
-        (["--nope"], "unrecognized arguments: --nope"),
-        (["time", str(MODEL), SQUARE, "--repeats", "2"], "--repeats 2 (did you mean '--repeat'?)"),
-    ],
-)
+@pytest.mark.parametrize("argv, fragment", [
+    (["run", str(MODEL), SQUARE, "--bogus"], "unrecognized arguments: --bogus (see 'handlerkit run --help')"),
+    (["time", str(MODEL), SQUARE, "--sweep", "0,2"], "argument --sweep: expected distinct positive batch sizes"),
+    (["time", str(MODEL), SQUARE, "--repeat", "x"], "argument --repeat: expected a positive integer: got 'x'"),
+    (["archive", str(MODEL), "-o", "out", "--format", "zip"], "argument --format"),
+    (["chek", str(MODEL)], "unknown command 'chek' (did you mean 'check'?)"),
+    (["--nope"], "unrecognized arguments: --nope"),
+    (["time", str(MODEL), SQUARE, "--repeats", "2"], "--repeats 2 (did you mean '--repeat'?)"),
+])
 def test_usage_errors_are_one_line_and_exit_code_2(capsys, argv, fragment):
     assert_usage_error(*cli(capsys, *argv), fragment)
 
@@ -286,10 +278,8 @@ def test_a_handler_that_cannot_be_found_is_exit_code_2(capsys):
 def test_input_errors_under_json_still_give_a_document(capsys):
     code, out, err = cli(capsys, "run", MODEL, "missing.png", "--json")
     assert code == 2 and err == "handlerkit: error: no such file: missing.png\n"
-    assert json.loads(out) == {
-        "error": {"type": "InputError", "message": "no such file: missing.png", "fix": None},
-        "exit_code": 2,
-    }
+    assert json.loads(out) == {"error": {"type": "InputError", "message": "no such file: missing.png", "fix": None},
+                               "exit_code": 2}
 
 
 def test_exit_codes_and_warnings_in_a_real_process(tmp_path):
@@ -337,11 +327,8 @@ def test_check_failing_is_exit_code_1_with_the_problem_and_fix(tmp_path, capsys)
 def test_time_prints_a_row_per_stage(capsys):
     code, out, _ = cli(capsys, "time", MODEL, CIRCLE, "--repeat", "2", "--warmup", "0")
     assert code == 0 and "timing: batch_size=1, warmup=0, repeat=2, device=cpu" in out
-    rows = [
-        line.split()[0]
-        for line in out.splitlines()
-        if line.split() and line.split()[0] in ("preprocess", "inference", "postprocess", "end_to_end")
-    ]
+    rows = [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in
+            ("preprocess", "inference", "postprocess", "end_to_end")]
     assert rows == ["preprocess", "inference", "postprocess", "end_to_end"]
 
 
@@ -389,10 +376,7 @@ def test_compile_of_a_model_not_compiled_says_so(capsys):
 def test_inspect_a_model_dir(capsys):
     code, out, _ = cli(capsys, "inspect", MODEL)
     assert code == 0
-    assert (
-        out.splitlines()[0]
-        == "image_classifier (dir): model image_classifier 1.0, handler ImageClassifier, eager: loads"
-    )
+    assert out.splitlines()[0] == "image_classifier (dir): model image_classifier 1.0, handler ImageClassifier, eager: loads"
     code, data = cli_json(capsys, "inspect", MODEL)
     assert data["manifest"] == json.loads((MODEL / "MAR-INF" / "MANIFEST.json").read_text())
     assert data["handler"]["origin"] == "handlerkit" and data["handler"]["kind"] == "class"
@@ -401,12 +385,9 @@ def test_inspect_a_model_dir(capsys):
 
 
 def test_inspect_does_not_run_initialize(tmp_path, capsys):
-    model = handler_dir(
-        tmp_path / "m",
-        "class H:\n    def initialize(self, context):\n"
-        "        raise RuntimeError('initialize ran')\n    def handle(self, data, context):\n"
-        "        return []\n",
-    )
+    model = handler_dir(tmp_path / "m", "class H:\n    def initialize(self, context):\n"
+                        "        raise RuntimeError('initialize ran')\n    def handle(self, data, context):\n"
+                        "        return []\n")
     code, data = cli_json(capsys, "inspect", model)
     assert data["handler"]["name"] == "H" and data["handler"]["origin"] == "model_dir"
     assert data["inferred"]["handler"] == "handler.py is in the dir" and "inferred" in data["notes"][0]
@@ -477,9 +458,7 @@ def test_a_mar_runs_checks_and_inspects_like_its_dir(mar, capsys):
     assert code == 0 and from_mar["output"] == from_dir["output"] and from_mar["model"] == "image_classifier.mar"
     assert cli(capsys, "check", mar, CIRCLE)[0] == 0
     code, out, _ = cli(capsys, "inspect", mar)
-    assert code == 0 and out.startswith(
-        "image_classifier.mar (mar): model image_classifier 1.0, handler ImageClassifier"
-    )
+    assert code == 0 and out.startswith("image_classifier.mar (mar): model image_classifier 1.0, handler ImageClassifier")
     _, data = cli_json(capsys, "inspect", mar)
     assert data["manifest"]["model"] == json.loads((MODEL / "MAR-INF" / "MANIFEST.json").read_text())["model"]
     assert {f["name"] for f in data["files"]} >= {"model.pt", "MAR-INF/MANIFEST.json"}
@@ -521,16 +500,12 @@ def test_errors_name_the_request_file_and_a_mars_members_by_their_names_in_it(tm
     good, misspelt = tmp_path / "good.json", tmp_path / "misspelt.json"
     good.write_text(json.dumps({"features": FEATURES}))
     misspelt.write_text(json.dumps({"feature": FEATURES}))
-    _, built = cli_json(
-        capsys, "archive", tabular_dir(tmp_path / "tabular", base="handlerkit"), "-o", tmp_path / "store"
-    )
+    _, built = cli_json(capsys, "archive", tabular_dir(tmp_path / "tabular", base="handlerkit"), "-o", tmp_path / "store")
     mar = built["path"]
 
     code, out, err = cli(capsys, "run", mar, good, misspelt)
     assert code == 1 and out == ""
-    assert err.startswith(
-        f"handlerkit: error: preprocess failed in TabularHandler for {misspelt}: KeyError: 'features'\n"
-    )
+    assert err.startswith(f"handlerkit: error: preprocess failed in TabularHandler for {misspelt}: KeyError: 'features'\n")
     assert f"\n  at {mar}/handler.py:8: " in err and "handlerkit-mar-" not in err  # the unpacked dir is gone
     assert f"{misspelt} sent a JSON object with 'feature'" in err
 
