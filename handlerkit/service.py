@@ -29,7 +29,11 @@ What it does, in the worker's order (``ts/model_loader.py``, ``ts/service.py``):
    call, and a handler that changes it is reported; in a server process
    (``working_dir="process"``) it is set once, as in a worker;
 5. **binds** each batch to the context (request ids, headers, fresh response statuses) before
-   ``handle``, as the worker does.
+   ``handle``, as the worker does;
+6. with ``asyncCommunication: true`` in the model config, **awaits** ``handle`` on an event loop
+   of the service's own, in a thread (:mod:`handlerkit.async_worker`), as TorchServe's async
+   worker does: :meth:`handle` (and so ``h.run``) blocks until it is done, from a script or
+   from a notebook whose own loop is running; :meth:`ahandle` awaits it from any event loop.
 
 A handler that fails is not turned into anything here: what it raises comes out as it is.
 The Harness (stage by stage, with :class:`~handlerkit.errors.StageError` s) and the servers
@@ -38,6 +42,7 @@ build their reports on top.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import inspect
 import os
@@ -46,8 +51,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from handlerkit._stack import user_stacklevel
+from handlerkit.async_worker import WorkerLoop, awaiting, is_async_config, refusing_coroutines, unawaited
 from handlerkit.batches import Batch
-from handlerkit.errors import HandlerkitWarning, HandlerLoadError
+from handlerkit.errors import HandlerkitError, HandlerkitWarning, HandlerLoadError
 from handlerkit.isolation import model_dir_imports
 from handlerkit.loading import instantiate, require_handle, resolve_handler
 from handlerkit.workdir import Directories
@@ -135,6 +141,11 @@ class Service:
         # TorchServe's worker takes the entry point before initialize runs (ts/model_loader.py).
         self._own_handle = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         self.envelope: Envelope | None = None
+        #: ``asyncCommunication: true`` in the model config: handle is awaited on :attr:`worker_loop`.
+        self.asynchronous = is_async_config(getattr(context, "model_yaml_config", None))
+        self._worker_loop: WorkerLoop | None = None
+        #: With :attr:`asynchronous`, ``await``-able ``entry(data, context)`` as the async worker calls it.
+        self.coroutine_entry: Callable[[Any, Any], Any] | None = None
         self.entry: Callable[[Any, Any], Any] = self._entry_point()
 
     # -- opening -------------------------------------------------------------------------------
@@ -189,6 +200,9 @@ class Service:
     def close(self) -> None:
         """Remove the temporary dir an archive was unpacked into, and let go of the directories
         held open for the working-directory moves."""
+        if self._worker_loop is not None:
+            self._worker_loop.close()
+            self._worker_loop = None
         if self._directories is not None:
             self._directories.close()
             self._directories = None
@@ -264,14 +278,60 @@ class Service:
             handle = self._own_handle
         else:
             handle = class_bound(self.handler, "handle")
+        entry = handle
         if self.envelope_name is None:
             self.envelope = None
-            return handle
-        from handlerkit.envelopes import get_envelope
+        else:
+            from handlerkit.envelopes import get_envelope
 
-        self.envelope = get_envelope(self.envelope_name)(handle)  # one for the model's lifetime
-        self.envelope.context = self.context
-        return self.envelope.handle
+            self.envelope = get_envelope(self.envelope_name)(handle)  # one for the model's lifetime
+            self.envelope.context = self.context
+            entry = self.envelope.handle
+        if self.asynchronous:
+            self.coroutine_entry = awaiting(entry, self.name)
+            return self._on_worker_loop
+        if inspect.iscoroutinefunction(getattr(handle, "__func__", handle)):
+            return refusing_coroutines(entry, self.name)
+        return entry
+
+    # -- async handlers (asyncCommunication: true) ------------------------------------------------
+    @property
+    def worker_loop(self) -> WorkerLoop:
+        """The event loop an async handler runs on, in its own thread; in a server process
+        (``working_dir="process"``) that thread holds the model dir's imports for good."""
+        if self._worker_loop is None:
+            setup = None
+            if self.working_dir == "process":
+                block = self.running("the async handler", max_age=0)
+                setup = block.__enter__  # never left: the process is the model's worker
+            self._worker_loop = WorkerLoop(f"handlerkit-{self.name}-loop", setup=setup)
+        return self._worker_loop
+
+    def _on_worker_loop(self, data: Any, context: Any) -> Any:
+        """The entry point of an async handler for synchronous callers: awaited on the worker loop."""
+        assert self.coroutine_entry is not None  # set with asynchronous
+        return self.worker_loop.run(self.coroutine_entry(data, context))
+
+    async def ahandle(self, batch_or_data: Any, *, context: Any = None) -> Any:
+        """:meth:`handle` for an async handler, awaited from any event loop (a notebook's, a Ray
+        replica's); several run at once, as in the async worker, which hands each batch a deep
+        copy of its context: concurrent callers pass ``context``, a copy each (default: the
+        service's). Raises HandlerkitError without ``asyncCommunication: true``."""
+        if self.coroutine_entry is None:
+            raise HandlerkitError(
+                f"{self.name} is served synchronously (the model config does not say asyncCommunication: true), "
+                "so there is nothing to await",
+                fix="call handle(batch) (in a notebook h.run(batch)), or add asyncCommunication: true to "
+                "model-config.yaml with an `async def handle`",
+            )
+        context = self.context if context is None else context
+        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
+        batch.bind(context)
+        future = asyncio.wrap_future(self.worker_loop.submit(self.coroutine_entry(batch.data, context)))
+        if self.working_dir == "process":  # the loop's thread holds the imports, and cwd is set for good
+            return await future
+        with self.running("handle"):
+            return await future
 
     def replace(self, *, handler_class: type | None = None, function: Callable[..., Any] | None = None) -> None:
         """Swap in a new definition of the handler (``Harness.reload``): the instance keeps its
@@ -315,14 +375,17 @@ class Service:
     def initialize(self) -> None:
         """TorchServe's initialisation: ``initialize(context)`` for a class handler (skipped when
         it has none), ``handle(None, context)`` for a function handler (bypassing the envelope,
-        as the worker does). What it raises comes out as it is."""
+        as the worker does). What it raises comes out as it is. An async handler's runs in the
+        worker loop's thread with that loop set and not running, as in the worker's main thread
+        (so ``asyncio.get_event_loop().run_until_complete(...)`` there sets up on the loop
+        ``handle`` is awaited on); an ``async def`` one is never awaited, as in the worker (warned)."""
         self.refresh()
         self._hand_a_fresh_config()
         with self.running("initialize", max_age=0):
-            if self.function is not None:
-                self.function(None, self.context)
-            elif hasattr(self.handler, "initialize"):
-                self.handler.initialize(self.context)
+            if self.asynchronous:  # the worker's main thread, its loop not running yet
+                self.worker_loop.call(self._initialize)
+            else:
+                self._initialize()
         self._config_after = copy.deepcopy(getattr(self.context, "model_yaml_config", None))
         late = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         if late is not None and late is not self._own_handle:
@@ -332,6 +395,12 @@ class Service:
                 HandlerkitWarning,
                 stacklevel=user_stacklevel(),
             )
+
+    def _initialize(self) -> None:
+        if self.function is not None:
+            unawaited(self.function(None, self.context), "handle(None, context)", self.name)
+        elif hasattr(self.handler, "initialize"):
+            unawaited(self.handler.initialize(self.context), "initialize", self.name)
 
     def _hand_a_fresh_config(self) -> None:
         """Hand ``initialize`` a copy of the model config: TorchServe's BaseHandler.initialize

@@ -538,3 +538,14 @@ def test_a_fix_from_the_command_line_says_to_run_the_command_again(tmp_path, cap
     code, out, err = cli(capsys, "run", model, request, "--handler", "handler.py")
     assert code == 1 and "RuntimeError: the frobnicator broke" in err
     assert "correct it there, then run the command again" in err and "h.reload()" not in err
+
+
+def test_run_awaits_an_async_handler_as_torchserves_async_worker(tmp_path, capsys):
+    from _async_handlers import VLLM_STYLE, reversed_words, write_model_dir
+
+    model_dir = write_model_dir(tmp_path, VLLM_STYLE)
+    request = tmp_path / "prompt.json"
+    request.write_text(json.dumps({"prompt": "served from the command line"}), encoding="utf-8")
+    code, out, _ = cli(capsys, "run", model_dir, request)
+    assert code == 0, out
+    assert reversed_words("served from the command line") in out

@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.loading": 2,
     "handlerkit.isolation": 2,
     "handlerkit.workdir": 2,
+    "handlerkit.async_worker": 2,
     "handlerkit.formats": 2,
     "handlerkit.archive": 2,  # a package: rules, pack, write, read, extract, inspect
     # 3. handlers

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import handlerkit as hk
-from handlerkit.errors import HandlerkitWarning, HandlerLoadError
+from handlerkit.errors import HandlerkitError, HandlerkitWarning, HandlerLoadError
 from handlerkit.service import Service
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -292,3 +292,106 @@ def test_a_harness_can_leave_the_working_directory_alone(relative_dir, tmp_path,
     monkeypatch.chdir(tmp_path)
     assert h.service.working_dir is None
     assert h.run([{"body": b""}]).output[0]["cwd"] == str(tmp_path)  # the handler ran where the caller is
+
+
+# -- async handlers (asyncCommunication: true) ---------------------------------------------------
+
+
+def _prompt_batch(text, request_id=None):
+    from _async_handlers import prompt
+
+    return hk.batch(hk.Request.from_bytes(prompt(text), request_id=request_id))
+
+
+def test_an_async_handler_runs_under_harness_run_with_no_loop_and_inside_a_running_one(tmp_path):
+    import asyncio
+
+    from _async_handlers import VLLM_STYLE, reversed_words, write_model_dir
+
+    h = hk.Harness.open(write_model_dir(tmp_path, VLLM_STYLE))
+    try:
+        assert h.service.asynchronous
+        first = h.run(_prompt_batch("hello async world"))
+        assert first.output == [{"text": reversed_words("hello async world"), "tokens": 3, "at_once": 1}]
+        # initialize ran in the worker loop's thread, its engine started on the loop handle runs on
+        assert h.handler.engine.loop is h.service.worker_loop.loop
+
+        async def notebook_cell():  # a notebook's loop is running in this thread
+            asyncio.get_running_loop()
+            return h.run(_prompt_batch("inside a cell")).output
+
+        assert asyncio.run(notebook_cell()) == [{"text": reversed_words("inside a cell"), "tokens": 3, "at_once": 1}]
+    finally:
+        h.service.close()
+
+
+def test_ahandle_runs_batches_concurrently_each_with_its_own_context(tmp_path):
+    import asyncio
+    import copy
+
+    from _async_handlers import VLLM_STYLE, reversed_words, write_model_dir
+
+    with Service.open(write_model_dir(tmp_path, VLLM_STYLE)) as svc:
+        svc.initialize()
+        contexts = [copy.copy(svc.context) for _ in range(4)]
+
+        async def together():
+            return await asyncio.gather(
+                *[svc.ahandle(_prompt_batch(f"w x y {i}", f"r{i}"), context=c) for i, c in enumerate(contexts)]
+            )
+
+        outputs = asyncio.run(together())
+    assert [o[0]["text"] for o in outputs] == [reversed_words(f"w x y {i}") for i in range(4)]
+    assert {o[0]["at_once"] for o in outputs} == {4}  # all four generating at once, as in the async worker
+    assert [c.request_ids for c in contexts] == [{0: f"r{i}"} for i in range(4)]
+
+
+def test_a_sync_handler_under_async_communication_fails_as_the_worker_does(tmp_path):
+    from _async_handlers import SYNC_HANDLER, write_model_dir
+
+    with Service.open(write_model_dir(tmp_path, SYNC_HANDLER)) as svc:
+        svc.initialize()
+        with pytest.raises(HandlerkitError, match="returned list, not an awaitable.*503 'Prediction failed'"):
+            svc.handle(_prompt_batch("x"))
+    h = hk.Harness.open(write_model_dir(tmp_path / "h", SYNC_HANDLER))
+    with pytest.raises(hk.StageError, match="not an awaitable") as info:
+        h.run(_prompt_batch("x"))
+    assert "async def handle" in str(info.value)
+    h.service.close()
+
+
+def test_an_async_handler_without_async_communication_fails_as_the_worker_does(tmp_path):
+    from _async_handlers import UNAWAITED, write_model_dir
+
+    with Service.open(write_model_dir(tmp_path, UNAWAITED, asynchronous=False)) as svc:
+        assert not svc.asynchronous
+        svc.initialize()
+        with pytest.raises(HandlerkitError, match="'Invalid model predict output'") as info:
+            svc.handle(_prompt_batch("x"))
+        assert "asyncCommunication: true" in info.value.fix
+        import asyncio
+
+        with pytest.raises(HandlerkitError, match="served synchronously.*nothing to await"):
+            asyncio.run(svc.ahandle(_prompt_batch("x")))
+
+
+def test_an_answer_never_awaited_is_named_and_an_async_initialize_warned(tmp_path):
+    from _async_handlers import UNAWAITED, write_model_dir
+
+    with Service.open(write_model_dir(tmp_path, UNAWAITED)) as svc:
+        svc.initialize()
+        with pytest.raises(HandlerkitError, match=r"request 0 with a coroutine \(ForgetfulHandler.generate\)"):
+            svc.handle(_prompt_batch("x"))
+
+    class AsyncInit:
+        async def initialize(self, context):
+            raise AssertionError("TorchServe never runs it")
+
+        async def handle(self, data, context):
+            return ["ok" for _ in data]
+
+    svc = Service(AsyncInit, hk.MockContext(model_yaml_config={"asyncCommunication": True}))
+    with pytest.warns(HandlerkitWarning, match="AsyncInit's initialize is a coroutine function"):
+        svc.initialize()
+    assert svc.handle(_prompt_batch("x")) == ["ok"]
+    svc.close()

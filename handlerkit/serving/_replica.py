@@ -21,12 +21,19 @@ notebook does, in the replica's log):
   reports itself unhealthy (:meth:`HandlerReplica.check_health`) and Ray replaces it. Until
   then it answers 503 at once rather than queue requests behind the stuck batch (TorchServe
   queues them for the new worker).
+
+An async handler (``asyncCommunication: true``) is served as TorchServe's async worker serves
+it: each request is its own batch, awaited at once with the others on the handler's worker
+loop (:meth:`Service.ahandle <handlerkit.service.Service.ahandle>`), each with its own copy of
+the context; a request still running at ``responseTimeout`` is answered 500 "Worker died." and
+cancelled (a coroutine can be stopped, so the replica stays healthy).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import datetime
 import os
 import sys
@@ -202,6 +209,27 @@ class HandlerReplica:
             )
             return [WORKER_DIED] * len(requests)
 
+    async def _await_one(self, request: Any) -> Reply:
+        """One request as the async worker runs it: a batch of its own, awaited concurrently."""
+        batch = Batch([request])
+        context = copy.copy(self.context)  # the async worker deep-copies its context per batch
+        try:
+            output = await asyncio.wait_for(self.service.ahandle(batch, context=context), self.timeout)
+        except asyncio.TimeoutError:
+            logger.error(
+                '%s answered 500 "Worker died." to %s: no answer within responseTimeout (%g s); its coroutine '
+                "was cancelled",
+                self.name,
+                _ids(batch.requests),
+                self.timeout,
+            )
+            return WORKER_DIED
+        except Exception as exc:  # the async worker answers the batch, as the synchronous one
+            code, message = _failure(exc)
+            self._log_failure(batch, exc, f'{code} "{message}"')
+            return worker_error(code, message)
+        return replies(output, context, 1)[0]
+
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose handler ran past ``responseTimeout`` is
         unhealthy, and Ray replaces it (its thread cannot be stopped)."""
@@ -270,7 +298,9 @@ class HandlerReplica:
             )
         except ValueError as exc:
             return _response(error_reply(400, str(exc)))
-        if self._batcher is not None:
+        if self.service.asynchronous:
+            reply = await self._await_one(request)
+        elif self._batcher is not None:
             reply = await self._batcher.submit(request, route.kind)
         else:
             reply = await (self._explain if route.kind == "explain" else self._predict)(request)
