@@ -142,6 +142,8 @@ class Step(Rendered):
         request_ids: the batch's request ids, in batch order; ``sequence_ids`` their sequences.
         joined: those sent for the first time; ``continued`` those called again.
         answers: each request's answer, in batch order (empty when the batch failed).
+        headers: each request's response headers, as the frontend reads them (``ts_stream_next``
+            as the worker sets it; empty when the batch failed).
         left: those finished after it; ``ended``: sequences it closed.
         run: the Harness's :class:`~handlerkit.results.Run` (None when the batch failed).
         cache: a copy of ``context.cache`` after it (dicts and lists copied, other values shared).
@@ -154,6 +156,7 @@ class Step(Rendered):
     joined: list[str]
     continued: list[str]
     answers: list[Any] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
     run: Run | None = None
@@ -350,6 +353,7 @@ class Sequences:
             job.answers.append(run.output[idx])
             job.chunks.extend(c for c in run.chunks if c.index == idx)
             job.headers = dict(responses[idx].headers)
+            step.headers.append(job.headers)
             for ended in filter(None, (s.strip() for s in job.headers.get(self.key_end, "").split(";"))):
                 if ended not in step.ended:
                     step.ended.append(ended)
