@@ -24,6 +24,7 @@ _EXPORTS = {
     "handlers": "handlerkit.handlers",
     "Harness": "handlerkit.harness",
     "Service": "handlerkit.service",
+    "Sequences": "handlerkit.sequences",
     "StageResult": "handlerkit.results",
     "Run": "handlerkit.results",
     "ModelConfig": "handlerkit.config",
@@ -59,6 +60,7 @@ __all__ = [
     "RequestError",
     "RequestProcessor",
     "Run",
+    "Sequences",
     "Service",
     "StageError",
     "StageResult",
@@ -94,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from handlerkit.requests import Request as Request
     from handlerkit.results import Run as Run
     from handlerkit.results import StageResult as StageResult
+    from handlerkit.sequences import Sequences as Sequences
     from handlerkit.service import Service as Service
     from handlerkit.viz import show as show
     from handlerkit.viz import summary as summary

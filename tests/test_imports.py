@@ -73,6 +73,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.diagnostics": 6,
     # 7. the Harness
     "handlerkit.harness": 7,
+    "handlerkit.sequences": 7,  # the frontend's sequence and continuous batching, around a Harness
     # 8. front ends
     "handlerkit.cli": 8,
     "handlerkit.viz": 8,
