@@ -440,7 +440,7 @@ class Harness(Reports):
         last.problems = check_output(output, count, stage=last.stage)
         if last.stage == "handle" and self.handler is not None and self._spied:  # else unobservable
             last.problems.extend(skipped_stages(self.handler))
-        sent = collect(socket, self.context, handle_ms, last.problems) if socket and socket.sent else None
+        sent = collect(socket, self.context, handle_ms, output, last.problems) if socket and socket.sent else None
         last.problems.extend(sent.problems if sent else ())  # the frontend's rules for chunks
         self._warn_problems(last.problems)
         stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}

@@ -61,7 +61,7 @@ from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
 from handlerkit.requests import Request
 from handlerkit.results import Run
-from handlerkit.streaming import Chunk
+from handlerkit.streaming import Chunk, final_stream_next
 
 __all__ = ["Job", "Sequence", "Sequences", "Step"]
 
@@ -346,7 +346,12 @@ class Sequences:
 
     def _answered(self, step: Step, jobs: list[Job], run: Run) -> None:
         context = self.harness.context
-        stream_next = _final_stream_next(context, run.output)
+        # The Harness set the final marks when chunks were sent (streaming.collect); else they are set here, once.
+        stream_next = (
+            [context.get_response_headers(i).get("ts_stream_next") for i in range(len(run.output))]
+            if run.chunks
+            else final_stream_next(context, run.output)
+        )
         responses = context.responses()
         still: list[Job] = []
         for idx, job in enumerate(jobs):
@@ -384,23 +389,6 @@ class Sequences:
             f"<Sequences ({mode} batching, batchSize {self.batch_size}): {len(self.sequences)} open, "
             f"{len(self._running)} running, {len(self.steps)} steps>"
         )
-
-
-def _final_stream_next(context: Any, output: list[Any]) -> list[str | None]:
-    """Each answer's ``ts_stream_next`` as the worker's ``create_predict_response`` sets it
-    (calling the handler's stopping criteria once per answer, as the worker does)."""
-    criteria = getattr(context, "stopping_criteria", None)
-    marks: list[str | None] = []
-    for idx, answer in enumerate(output):
-        headers = context.get_response_headers(idx)
-        if criteria:
-            is_stop = criteria[idx](answer)
-            if is_stop is not None:
-                context.set_response_header(idx, "ts_stream_next", "false" if is_stop else "true")
-        elif headers.get("ts_stream_next") == "true":
-            context.set_response_header(idx, "ts_stream_next", "false")
-        marks.append(context.get_response_headers(idx).get("ts_stream_next"))
-    return marks
 
 
 def _copied(value: Any) -> Any:

@@ -230,14 +230,16 @@ class Streamed:
     problems: list[Problem]
 
 
-def collect(socket: ChunkSocket, context: Any, handle_ms: float, output_problems: Sequence[Problem]) -> Streamed:
+def collect(
+    socket: ChunkSocket, context: Any, handle_ms: float, output: Any, output_problems: Sequence[Problem]
+) -> Streamed:
     """The run's chunks (every frame in ``socket.sent``), per request of ``context``'s batch, and
     what breaks the worker's rules (``output_problems``: those
-    :func:`~handlerkit.contract.check_output` found in the final answer, which decide whether the
-    streams end well).
+    :func:`~handlerkit.contract.check_output` found in the final answer ``output``, which decide
+    whether the streams end well).
 
-    When they do, each request marked ``ts_stream_next: true`` gets ``"false"``, as the worker's
-    ``create_predict_response`` marks the final answer that ends a stream."""
+    When they do, the final answer's ``ts_stream_next`` marks are set as the worker sets them
+    (:func:`final_stream_next`)."""
     request_ids = context.request_ids or {}
     chunks: list[Chunk] = []
     malformed: list[tuple[int, str]] = []
@@ -257,10 +259,26 @@ def collect(socket: ChunkSocket, context: Any, handle_ms: float, output_problems
                 stream.final_ms = handle_ms if finished else None
             stream.chunks.append(chunk)
     if finished:
-        for index in request_ids:
-            if context.get_response_headers(index).get("ts_stream_next") == "true":
-                context.set_response_header(index, "ts_stream_next", "false")
+        final_stream_next(context, output)
     return Streamed(chunks, [by_index[i] for i in sorted(by_index)], problems)
+
+
+def final_stream_next(context: Any, output: Sequence[Any]) -> list[str | None]:
+    """Each answer's ``ts_stream_next`` as the worker's ``create_predict_response`` sets it on the
+    final answer, and set so on ``context``: from ``context.stopping_criteria[idx](answer)`` when
+    the handler gave criteria (``None`` from one leaves the mark as it is), else a ``"true"`` the
+    handler left becomes ``"false"``. Call it once per answer: the criteria are the handler's code."""
+    criteria = getattr(context, "stopping_criteria", None)
+    marks: list[str | None] = []
+    for idx, answer in enumerate(output):
+        if criteria:
+            is_stop = criteria[idx](answer)
+            if is_stop is not None:
+                context.set_response_header(idx, "ts_stream_next", "false" if is_stop else "true")
+        elif context.get_response_headers(idx).get("ts_stream_next") == "true":
+            context.set_response_header(idx, "ts_stream_next", "false")
+        marks.append(context.get_response_headers(idx).get("ts_stream_next"))
+    return marks
 
 
 def streamed(run: Callable[[], R], context: Any) -> Generator[Chunk, None, R]:

@@ -66,6 +66,21 @@ def handle(data, context):
 '''
 
 
+#: Stopping criteria decide the final answer's mark: None for request 0 (the mark the chunks left,
+#: "true", stays), True for the others ("false"), as the worker's create_predict_response sets it.
+CRITERIA_HANDLER = '''\
+from ts.handler_utils.utils import send_intermediate_predict_response
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    context.stopping_criteria = [(lambda answer, i=i: None if i == 0 else True) for i in range(len(data))]
+    send_intermediate_predict_response(["part"] * len(data), context.request_ids, "Intermediate Prediction success", 200, context)
+    return ["whole"] * len(data)
+'''
+
+
 def _model_dir(root: Path, name: str, handler: str) -> Path:
     model_dir = root / name
     (model_dir / "MAR-INF").mkdir(parents=True)
@@ -135,3 +150,9 @@ def test_a_token_generator_streams_the_same_under_the_harness(tmp_path):
         (0, ["the", "quick", "brown"]), (2, ["over", "the"]),
     ]
     assert run.chunks[0].headers == {"content-type": "application/json", "x-tokens": "4", "ts_stream_next": "true"}
+
+
+def test_stopping_criteria_set_the_final_mark_as_the_worker_does(tmp_path):
+    batch = hk.batch(hk.Request.text("a"), hk.Request.text("b"))
+    run = _assert_same_as_torchserve(_model_dir(tmp_path, "criteria", CRITERIA_HANDLER), batch)
+    assert [len(s.chunks) for s in run.streams] == [1, 1]
