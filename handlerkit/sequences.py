@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -225,6 +226,7 @@ class Sequences:
         self.jobs: list[Job] = []
         self.steps: list[Step] = []
         self._running: list[Job] = []
+        self._warned: set[str] = set()  # the warnings shown already (see _run_warning_once)
 
     # -- sending ---------------------------------------------------------------------------
     def start(self, request: Request, sequence_id: str | None = None) -> Sequence:
@@ -309,7 +311,7 @@ class Sequences:
             job.state = "running"
             job.steps.append(step.index)
         try:
-            run = self.harness.run(batch)
+            run = self._run_warning_once(batch)
             output = run.output
             if not isinstance(output, list) or len(output) != len(jobs):
                 raise HandlerkitError(
@@ -340,6 +342,21 @@ class Sequences:
             if step is not None:
                 taken.append(step)
         return taken
+
+    def _run_warning_once(self, batch: Batch) -> Run:
+        """``harness.run(batch)``, its warnings shown the first time each is said: a sequence's
+        steps are many runs of one handler, whose contract problems would repeat at every step
+        (they stay in each step's ``run.problems``)."""
+        caught: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return self.harness.run(batch)
+        finally:
+            for said in caught:
+                if str(said.message) not in self._warned:
+                    self._warned.add(str(said.message))
+                    warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)

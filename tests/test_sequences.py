@@ -209,3 +209,24 @@ def test_a_step_shows_who_was_in_it(streaming):
     assert "joined" in table and "left" in table and step.request_ids[0][:8] in table
     assert "text/html" in step._repr_mimebundle_()
     assert "continuous batching, batchSize 4" in repr(seqs) and "1 steps" in repr(seqs)
+
+
+def test_a_handlers_warning_is_shown_once_across_the_steps():
+    class Whole:  # overrides handle without the stages: the Harness warns about it at every run
+        def initialize(self, context):
+            pass
+
+        def preprocess(self, data):
+            return data
+
+        def handle(self, data, context):
+            return [len(data)] * len(data)
+
+    seqs = hk.Sequences(hk.Harness(Whole), batch_size=1, max_sequence_job_queue_size=3)
+    first = seqs.start(hk.Request.text("a"))
+    first.send(hk.Request.text("b"))
+    first.send(hk.Request.text("c"))
+    with pytest.warns(hk.HandlerkitWarning) as said:
+        steps = seqs.run()
+    assert len(steps) == 3 and all(step.run.problems for step in steps)  # each step keeps its problems
+    assert len([w for w in said if "never called preprocess" in str(w.message)]) == 1
