@@ -264,7 +264,7 @@ class Harness(Reports):
             recorder = self._recorder()
             error = None
             try:
-                recorder.call(stage, func, value)
+                recorder.step(stage, func, value, self.service)  # an async stage: awaited on the service's loop
             except Exception as exc:  # every stage failure becomes a StageError
                 error = exc
             result = recorder.build(self.results)[-1]

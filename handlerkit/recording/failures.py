@@ -307,7 +307,9 @@ def _alone(
             try:
                 with imports(), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    preprocess(single.data)
+                    if inspect.iscoroutine(answer := preprocess(single.data)):
+                        answer.close()  # an async stage: not awaited here, so no request is told apart
+                        return None, None
             except Exception:
                 failing = i if failing is None else failing
             else:

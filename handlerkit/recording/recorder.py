@@ -14,13 +14,15 @@ is one :class:`Lap`. Memory is tracked on the recording thread only (the peak is
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from handlerkit.devices import needs_sync
 from handlerkit.memory import MemoryTracker
+from handlerkit.recording.spy import takes_context
 from handlerkit.results import StageResult
 from handlerkit.timer import Timer
 
@@ -67,32 +69,81 @@ class Recorder:
         self._owner = threading.get_ident()
 
     def call(self, stage: str, func: Callable[..., Any], value: Any, *args: Any, **kwargs: Any) -> Any:
-        """``func(value, *args, **kwargs)`` as one call of ``stage``; re-raises what it raises."""
+        """``func(value, *args, **kwargs)`` as one call of ``stage``; re-raises what it raises.
+
+        A stage that is a coroutine function (an async handler's, as TorchServe's
+        ``vllm_handler.py`` awaits them) returns a coroutine: the call then returns one that
+        awaits it, and the lap records what the await gives (or raises) and how long it took,
+        with the warnings, logs and metrics of that time."""
         lap = Lap(stage, value)
         self.laps.append(lap)
-        warnings_seen, logs_seen, metrics = self.capture.warnings, self.capture.logs, self.metrics
-        w0, l0, m0 = len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0
-        memory = None
-        if self.track_memory and threading.get_ident() == self._owner:
-            memory = lap.memory = MemoryTracker(device=self.device, end=False).__enter__()
-        # On CPU two clock reads; an accelerator needs the synchronising Timer.
-        timer = Timer(self.device).start() if self.sync else None
-        t0 = time.perf_counter_ns()
+        self._timed(lap, func, value, *args, **kwargs)
+        output = lap.output
+        if inspect.iscoroutine(output):
+            lap.output = self._awaited(lap, output)
+            lap.output.__qualname__ = output.__qualname__  # what an "unawaited" message names
+        return lap.output
+
+    def step(self, stage: str, func: Callable[..., Any], value: Any, service: Any) -> Any:
+        """:meth:`call` of a stage stepped by hand (``h.preprocess(batch)``) on ``service``'s handler.
+
+        A stage that asks for the context too (TorchServe's ``vllm_handler.py``:
+        ``preprocess(self, requests, context)``) gets ``service.context``, as its ``handle``
+        passes it; a coroutine stage is awaited at once on ``service.worker_loop``, where an
+        async handler's engine lives, so the step gives what ``handle`` would have awaited."""
+        output = self.call(stage, func, value, *((service.context,) if takes_context(func) else ()))
+        return service.worker_loop.run(output) if inspect.iscoroutine(output) else output
+
+    async def _awaited(self, lap: Lap, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        started = self._begin(lap)  # the body runs on await: the lap's time and records are the await's
+        try:
+            lap.output = await coroutine
+        except BaseException as exc:
+            lap.error = exc
+            raise
+        finally:
+            self._end(lap, started)
+        return lap.output
+
+    def _timed(self, lap: Lap, func: Callable[..., Any], value: Any, *args: Any, **kwargs: Any) -> None:
+        started = self._begin(lap)
         try:
             lap.output = func(value, *args, **kwargs)
         except BaseException as exc:
             lap.error = exc
             raise
         finally:
-            if timer is None:
-                lap.wall_ms = (time.perf_counter_ns() - t0) / 1e6
-            else:
-                lap.wall_ms = timer.stop(failed=lap.error is not None)
-                lap.device_ms = timer.device_ms
-            if memory is not None:
-                memory.__exit__(None, None, None)
-            lap.marks = (w0, l0, m0, len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0)
-        return lap.output
+            self._end(lap, started)
+
+    def _begin(self, lap: Lap) -> tuple[int, int, int, Timer | None, int]:
+        """Where the records stand and the clocks read as a call begins (see :meth:`_end`)."""
+        warnings_seen, logs_seen, metrics = self.capture.warnings, self.capture.logs, self.metrics
+        w0, l0, m0 = len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0
+        lap.memory = None
+        if self.track_memory and threading.get_ident() == self._owner:
+            lap.memory = MemoryTracker(device=self.device, end=False).__enter__()
+        # On CPU two clock reads; an accelerator needs the synchronising Timer.
+        timer = Timer(self.device).start() if self.sync else None
+        return w0, l0, m0, timer, time.perf_counter_ns()
+
+    def _end(self, lap: Lap, started: tuple[int, int, int, Timer | None, int]) -> None:
+        w0, l0, m0, timer, t0 = started
+        if timer is None:
+            lap.wall_ms = (time.perf_counter_ns() - t0) / 1e6
+        else:
+            lap.wall_ms = timer.stop(failed=lap.error is not None)
+            lap.device_ms = timer.device_ms
+        if lap.memory is not None:
+            lap.memory.__exit__(None, None, None)
+        metrics = self.metrics
+        lap.marks = (
+            w0,
+            l0,
+            m0,
+            len(self.capture.warnings),
+            len(self.capture.logs),
+            metrics.mark() if metrics is not None else 0,
+        )
 
     def build(self, results: dict[str, StageResult]) -> list[StageResult]:
         """One StageResult per stage called, in first-call order, stored into ``results``."""

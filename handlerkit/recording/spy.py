@@ -23,6 +23,7 @@ A call reached both ways at once (a wrapper that calls the spied method) is reco
 from __future__ import annotations
 
 import copyreg
+import inspect
 import threading
 import types
 import weakref
@@ -31,7 +32,7 @@ from typing import Any
 
 from handlerkit.errors import HandlerkitError
 
-__all__ = ["SPIED", "build_spied", "is_spied", "own_class", "spied_class", "spy_on", "start", "stop"]
+__all__ = ["SPIED", "build_spied", "is_spied", "own_class", "spied_class", "spy_on", "start", "stop", "takes_context"]
 
 #: Handler methods a run watches, and the stage each one is.
 SPIED = (
@@ -221,6 +222,21 @@ def _restart_threads(batching: Any) -> None:
             worker.event.set()
     batching.parallelism = dict.fromkeys(sizes, 0)
     batching.parallelism = sizes
+
+
+def takes_context(method: Callable[..., Any]) -> bool:
+    """Whether a stage method asks for a second positional argument, the context, as TorchServe's
+    ``vllm_handler.py`` stages do (``preprocess(self, requests, context)``); a spied stage is
+    judged by the method it passes calls on to."""
+    owner = getattr(method, "__self__", None)
+    if isinstance(method, types.MethodType) and is_spied(type(owner)):
+        method = getattr(super(type(owner), owner), method.__name__)
+    try:
+        parameters = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): called with the value only
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty
 
 
 def is_spied(cls: type) -> bool:

@@ -3,9 +3,9 @@
 ``show(obj)`` takes a :class:`~handlerkit.results.StageResult`, a :class:`~handlerkit.results.Run`,
 or any stage value (a tensor, an array, bytes, text, JSON, a list / dict of them), picks the
 picture from what the data is (images, a feature table's values, signals as lines, token
-tables, a model's class scores as bars, JSON as a table, image bytes decoded; a summary card
-saying why when nothing fits), and returns a matplotlib ``Figure`` (Jupyter displays it;
-nothing is shown behind your back, and pyplot is not used). The handler that produced a result
+tables, a model's class scores as bars, JSON as a table, image bytes decoded, a streamed run's
+chunks on a timeline; a summary card saying why when nothing fits), and returns a matplotlib
+``Figure`` (Jupyter displays it; nothing is shown behind your back, and pyplot is not used). The handler that produced a result
 (``.source``) supplies what the pictures need: the mean and std of its ``Normalize`` transform
 (images are de-normalised), its label ``mapping`` (a model output's bars and legends) and its
 vocabulary (token tables). ``handler=`` overrides it; ``image=`` gives the input image for
@@ -19,8 +19,8 @@ overlays when the object does not carry one.
    maps, heat maps with their values), ``bars`` (class scores, values, ``{label: score}``
    dicts), ``lines`` (signals), ``histogram``, ``overlays`` (masks and boxes on the input
    image), ``tokens`` (token tables), ``tables`` (JSON-like values), ``cards`` (text: a
-   summary saying why there is no picture, a failed stage's error); ``panel`` holds what they
-   share (``Panel``, the bounds);
+   summary saying why there is no picture, a failed stage's error), ``chunks`` (a streamed
+   run's chunk timeline); ``panel`` holds what they share (``Panel``, the bounds);
 4. ``draw``: the panels as one matplotlib ``Figure``, displayed as PNG in Jupyter.
 """
 

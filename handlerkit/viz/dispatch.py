@@ -42,8 +42,9 @@ image (or a list of them) as those images; torchvision detections (``[{"boxes", 
 probability}`` dicts as bars; EmbeddingBag input (ids + offsets) as a token table; a list of
 same-sized images as one batch; JSON-like values (strings, lists of dicts, ragged lists: what a
 postprocess answers) as a table; other lists and dicts one panel per item (at most six). A Run
-shows one panel per stage; a failed stage shows its error and fix. Anything else is a summary
-card whose last line says why there is no picture.
+shows its chunk timeline first when it streamed (``chunks``), then one panel per stage; a failed
+stage shows its error and fix. Anything else is a summary card whose last line says why there
+is no picture.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from handlerkit.results import Run, StageResult
 from handlerkit.summaries import describe, no_values, tensor_head
 from handlerkit.viz.bars import bars_panel, dict_bars_panel, values_panel
 from handlerkit.viz.cards import card, error_card, summary_card
+from handlerkit.viz.chunks import timeline_panel
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.histogram import histogram_panel
 from handlerkit.viz.images import encoded_images_panel, features_panel, heatmap_panel, images_panel
@@ -95,10 +97,11 @@ def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5
 
 
 def _run_panels(run: Run, context: Any) -> list[Panel]:
-    """One panel per stage (the first of each), the input image taken from preprocess."""
+    """The chunk timeline of a streamed run, then one panel per stage (the first of each), the
+    input image taken from preprocess."""
     pre = run.stages.get("preprocess")
     input_image = _image_like(pre.output) if pre is not None and pre.ok else None
-    panels: list[Panel] = []
+    panels: list[Panel] = [timeline_panel(run)] if run.chunks else []
     for name, result in run.stages.items():
         if result.error is not None:
             panels.append(error_card(result))
@@ -107,7 +110,7 @@ def _run_panels(run: Run, context: Any) -> list[Panel]:
             if name == "postprocess" and drawn and drawn[0].kind == "bars" and any(p.kind == "bars" for p in panels):
                 continue  # the classifier's probabilities again, as dicts
             panels += drawn
-    if not panels:
+    if not panels:  # (a streamed run has its timeline)
         lines = [f"{name}: {describe(r.output)}" for name, r in run.stages.items()]
         lines.append(f"No picture: no stage returned {_DRAWN}.")
         panels = [card(f"Run of {run.batch_size} request(s): nothing to draw", lines)]

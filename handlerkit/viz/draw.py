@@ -197,6 +197,36 @@ def _table(data: dict[str, Any], where: Any) -> None:
         table.auto_set_column_width(list(range(-1, len(columns))))
 
 
+def _timeline(data: dict[str, Any], where: Any) -> None:
+    """A row per request: its time to first chunk as a bar, a tick per chunk, the final answer
+    as a diamond (each artist has a gid: ``ttfc``, ``chunks``, ``final``)."""
+    ax = where.add_subplot()
+    rows = data["rows"]
+    for y, row in enumerate(rows):
+        if row["first_ms"] is not None:
+            ax.barh(y, row["first_ms"], height=0.5, color="#c6dbef", gid="ttfc")
+            ax.text(row["first_ms"], y - 0.3, f" {row['first_ms']:.1f} ms", fontsize=6, va="bottom", color="#08519c")
+        if row["chunks"]:
+            ax.scatter(row["chunks"], [y] * len(row["chunks"]), marker="|", s=80, color="#1f77b4", gid="chunks")
+        if row["final_ms"] is not None:
+            ax.scatter([row["final_ms"]], [y], marker="D", s=24, color="#d62728", gid="final", zorder=3)
+    ax.set_yticks(range(len(rows)), [_t(row["label"]) for row in rows])
+    ax.set_ylim(len(rows) - 0.5, -0.7)
+    ax.set_xlim(0, max(data["end_ms"], 1e-3) * 1.08)
+    ax.set_xlabel(_t(data["xlabel"]))
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor="#c6dbef", label="time to first chunk"),
+        Line2D([], [], marker="|", linestyle="", color="#1f77b4", label="chunk"),
+        Line2D([], [], marker="D", linestyle="", color="#d62728", label="final answer"),
+    ]
+    where.legend(handles=handles, loc="outside upper right", fontsize=6, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
 _KINDS = {
     "card": _card,
     "images": _image,
@@ -207,6 +237,7 @@ _KINDS = {
     "bars": _bars,
     "lines": _lines,
     "table": _table,
+    "timeline": _timeline,
 }
 
 

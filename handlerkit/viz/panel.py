@@ -1,6 +1,6 @@
 """A panel: one picture's bounded data, what it may use besides the value, and the bounds.
 
-Every panel module (``images``, ``bars``, ``histogram``, ``overlays``, ``tokens``, ``cards``)
+Every panel module (``images``, ``bars``, ``histogram``, ``overlays``, ``tokens``, ``cards``, ``chunks``)
 returns a :class:`Panel` that ``draw`` turns into axes. Panels work where the tensor lives and
 subsample first (at most ``max_images`` images or channels, grids at most ``MAX_SIDE`` pixels a
 side, with the helpers below), then copy only that bounded result to the host, so a huge
@@ -43,7 +43,7 @@ class Context:
 class Panel:
     """One picture: a kind ``draw`` knows, its title, notes and bounded data."""
 
-    kind: str  # card, images, features, heatmap, histogram, bars, lines, overlay, table
+    kind: str  # card, images, features, heatmap, histogram, bars, lines, overlay, table, timeline
     title: str
     data: dict[str, Any]
     notes: list[str] = field(default_factory=list)

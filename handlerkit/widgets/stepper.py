@@ -28,10 +28,12 @@ from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
 from handlerkit.requests import Request
 from handlerkit.widgets import panes
+from handlerkit.widgets.live import LivePanes
 
 __all__ = ["Stepper"]
 
 STAGES = ("initialize", "preprocess", "inference", "postprocess")
+_NEEDS_BATCH = "add a request with the upload button, or set stepper.batch = hk.batch(...)"
 
 
 class Stepper:
@@ -53,6 +55,8 @@ class Stepper:
         timing: an ``HTML`` widget with each stage's wall time as a bar.
         device_output / compile_output: the device report and the compile report.
         compile_button: runs ``h.compile_report(batch)`` into ``compile_output``.
+        stream_button: runs ``h.stream(batch)`` (:meth:`stream`); ``live`` holds a pane per
+            request that shows each chunk as the handler sends it, then the final answer.
         widget: the root widget (what a notebook cell displays).
 
     For a function handler (or one without stage methods) there is one ``handle`` button in
@@ -93,6 +97,9 @@ class Stepper:
             description="reset", tooltip="drop the results after initialize and the uploaded requests"
         )
         self.reset_button.on_click(lambda _b: self.reset())
+        self.stream_button = w.Button(description="stream", tooltip="h.stream(batch): each chunk shown as it is sent")
+        self.stream_button.on_click(lambda _b: self.stream())
+        self.live = LivePanes(w)
         self.upload = w.FileUpload(description="add request", multiple=True, accept="")
         self.upload.observe(self._on_upload, names="value")
         self.batch_size = w.HTML()
@@ -116,9 +123,10 @@ class Stepper:
         self.widget = w.VBox(
             [
                 header,
-                w.HBox([*self.buttons.values(), self.run_all_button, self.reset_button]),
+                w.HBox([*self.buttons.values(), self.run_all_button, self.stream_button, self.reset_button]),
                 w.HBox([self.upload, self.batch_size]),
                 self.status,
+                self.live.widget,
                 self.timing,
                 *stage_boxes,
                 panels,
@@ -227,15 +235,44 @@ class Stepper:
             self.refresh()
         return result
 
+    def stream(self) -> Any:
+        """``h.stream(batch)``: each chunk shown in its request's live pane as it is sent, then
+        each request's final answer and the run's stages in their panes; returns the Run, or
+        None when ``handle`` failed (the panes say why; the Stepper stays usable)."""
+        if self._batch is None:
+            self.status.value = (
+                f"<span style='color:#d62728'>streaming needs a batch: {html.escape(_NEEDS_BATCH)}</span>"
+            )
+            return None
+        self._busy = True
+        self._set_enabled()
+        self.status.value = "<span>streaming…</span>"
+        self.live.start(len(self._batch))
+        run = None
+        try:
+            with warnings.catch_warnings(record=True):  # the run's problems: kept with its last stage
+                chunks = self.harness.stream(self._batch)
+                while True:
+                    try:
+                        self.live.add(next(chunks))
+                    except StopIteration as done:
+                        run = done.value
+                        break
+            self.live.finish(run)
+        except Exception as exc:  # a callback's exception would vanish into the kernel's log
+            self.live.fail(exc)
+        finally:
+            self._busy = False
+            self.status.value = ""
+            self.refresh()
+        return run
+
     def _call(self, stage: str) -> Any:
         h = self.harness
         if stage == "initialize":
             return h.initialize()
         if self._batch is None:
-            raise HandlerkitError(
-                f"{stage} needs a batch, and this Stepper has none",
-                fix="add a request with the upload button, or set stepper.batch = hk.batch(...)",
-            )
+            raise HandlerkitError(f"{stage} needs a batch, and this Stepper has none", fix=_NEEDS_BATCH)
         if stage == "preprocess":
             return h.preprocess(self._batch)
         if stage == "handle":
@@ -316,7 +353,7 @@ class Stepper:
             previous_ok = done is not None and done.ok
         for button in (self.run_all_button, self.reset_button, self.compile_button):
             button.disabled = self._busy
-        self.run_all_button.disabled = self._busy or self._batch is None
+        self.run_all_button.disabled = self.stream_button.disabled = self._busy or self._batch is None
 
     def _draw(self, stage: str, result: Any) -> None:
         self._shown[stage] = result

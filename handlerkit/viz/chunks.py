@@ -1,0 +1,71 @@
+"""A streamed run's chunk timeline: requests × time, a mark per chunk, the final answer marked,
+and each request's time to first chunk as a bar from ``handle``'s call to its first chunk.
+
+A streaming handler's run (:class:`~handlerkit.results.Run` with ``chunks``) keeps each chunk's
+time in ms since ``handle`` was called (:mod:`handlerkit.streaming`); this panel draws them a row
+per request of the batch, at most ``MAX_ROWS`` rows and ``MAX_MARKS`` marks a row (evenly
+picked beyond that, the first and the last kept). A request that got no chunk has its final
+answer alone; chunks for request ids the batch does not hold, and frames with an error code,
+are counted in the notes (the run's problems say what is wrong with them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handlerkit.results import Run
+from handlerkit.viz.panel import Panel
+
+__all__ = ["MAX_MARKS", "MAX_ROWS", "timeline_panel"]
+
+MAX_ROWS = 16  # requests drawn, a row each
+MAX_MARKS = 2048  # chunk marks drawn per request
+
+
+def timeline_panel(run: Run) -> Panel:
+    """The chunk timeline of a streamed ``run`` (one that kept ``run.chunks``)."""
+    streams = {s.index: s for s in run.streams}
+    count = max(run.batch_size, max(streams, default=-1) + 1)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for index in range(min(count, MAX_ROWS)):
+        stream = streams.get(index)
+        if stream is None:  # no chunk: its answer came with handle's return
+            rows.append({"label": f"request {index}", "chunks": [], "first_ms": None, "final_ms": run.handle_ms})
+            continue
+        times = _bounded([c.time_ms for c in stream.chunks])
+        rows.append(
+            {
+                "label": f"request {index} ({stream.request_id})",
+                "chunks": times,
+                "first_ms": stream.first_chunk_ms,
+                "final_ms": stream.final_ms,
+            }
+        )
+        if len(times) < len(stream.chunks):
+            notes.append(f"request {index}: {len(times)} of its {len(stream.chunks)} chunks marked")
+        if stream.final_ms is None:
+            notes.append(f"request {index}: no final answer ended its stream")
+    if count > MAX_ROWS:
+        notes.insert(0, f"first {MAX_ROWS} of {count} requests")
+    strays = sum(1 for c in run.chunks if c.index is None)
+    if strays:
+        notes.append(f"{strays} chunk(s) for request ids not in the batch, not drawn")
+    failed = sum(1 for c in run.chunks if c.index is not None and c.frame_code != 200)
+    if failed:
+        notes.append(f"{failed} chunk(s) in frames with an error code, not drawn")
+    firsts = [f"{s.index}: {s.first_chunk_ms:.1f} ms" for s in run.streams[:MAX_ROWS]]
+    if firsts:
+        notes.insert(0, "time to first chunk " + ", ".join(firsts))
+    title = f"chunks: {len(run.chunks)} sent to {len(run.streams)} of {run.batch_size} request(s)"
+    end = run.handle_ms if run.handle_ms is not None else max((c.time_ms for c in run.chunks), default=0.0)
+    data = {"rows": rows, "end_ms": end, "xlabel": "ms since handle was called"}
+    return Panel("timeline", title, data, notes, size=(6.4, 1.2 + 0.35 * len(rows)))
+
+
+def _bounded(times: list[float]) -> list[float]:
+    """At most ``MAX_MARKS`` of ``times``, evenly picked, the first and the last kept."""
+    if len(times) <= MAX_MARKS:
+        return times
+    last = len(times) - 1
+    return [times[round(i * last / (MAX_MARKS - 1))] for i in range(MAX_MARKS)]
