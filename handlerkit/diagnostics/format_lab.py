@@ -16,7 +16,7 @@ The handler's model (its eager ``nn.Module``) is exported to each format asked f
    rotates from round to round, so a machine that slows down does not favour one format.
 
 A format that does not export is reported with the exporter's error, the line of the model
-that stopped it (:mod:`._export_errors`) and a fix. The handler is left as found: its model is
+that stopped it (:mod:`._format_export`) and a fix. The handler is left as found: its model is
 put back, and the artifacts are written to a temporary directory (or ``directory``).
 """
 
