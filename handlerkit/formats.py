@@ -401,7 +401,13 @@ _AOTI_CONFIGS = {"aot_inductor.check_lowerbound": False}
 
 
 def export_model(
-    model: Any, example_inputs: tuple, path: str | os.PathLike, fmt: str, *, dynamic_batch: bool = True
+    model: Any,
+    example_inputs: tuple,
+    path: str | os.PathLike,
+    fmt: str,
+    *,
+    dynamic_batch: bool = True,
+    torchscript: str = "trace",
 ) -> str:
     """Write ``model`` in format ``fmt`` so handlerkit and TorchServe can load it.
 
@@ -412,16 +418,21 @@ def export_model(
             ``.so`` for aoti-so, a state_dict ``.pt`` for eager).
         fmt: one of :data:`FORMATS`.
         dynamic_batch: let the batch dimension vary (export, onnx, aoti).
+        torchscript: ``"trace"`` (runs ``example_inputs`` once and records the operations:
+            a branch on a tensor's value is frozen as taken) or ``"script"`` (compiles the
+            Python source, branches kept; fails on Python TorchScript does not support).
 
     Returns:
         The path written, as a string.
 
     Raises:
         ImportError: ``fmt="onnx"`` without onnx and onnxscript (the message names the pip command).
-        ValueError: an unknown format.
+        ValueError: an unknown format or ``torchscript`` value.
     """
     import torch
 
+    if torchscript not in ("trace", "script"):
+        raise ValueError(f"torchscript must be 'trace' or 'script': got {torchscript!r}")
     path = os.fspath(path)
     model = model.eval()
     if dynamic_batch:
@@ -437,7 +448,8 @@ def export_model(
         torch.save(model.state_dict(), path)
     elif fmt == "torchscript":
         with _quiet_deprecations():
-            torch.jit.save(torch.jit.trace(model, example_inputs), path)
+            scripted = torch.jit.script(model) if torchscript == "script" else torch.jit.trace(model, example_inputs)
+            torch.jit.save(scripted, path)
     elif fmt == "onnx":
         # torch.onnx.export's (default) dynamo exporter writes the file with onnxscript and onnx.
         for module in ("onnx", "onnxscript"):

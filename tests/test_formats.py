@@ -296,3 +296,14 @@ def test_keys_a_module_accepts_without_keeping_them_are_no_misfit(tmp_path):
     torch.save({**state, "head.weight": torch.zeros(1)}, tmp_path / "model.pt")  # a key nothing takes is still one
     with pytest.raises(ModelLoadError, match=r"does not fit Net: unexpected keys \[head\.weight\] \(1\)\n  fix: "):
         load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
+
+
+def test_export_model_scripts_when_asked(tmp_path, mlp_reference):
+    reference = mlp_reference[0]
+    path = export_model(reference, (torch.randn(2, 4),), tmp_path / "scripted.pt", "torchscript", torchscript="script")
+    loaded = load_model("torchscript", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=path)
+    assert "def forward" in loaded.model.code  # scripted: the source, not a recorded trace
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(loaded.model(x), reference(x))
+    with pytest.raises(ValueError, match=r"torchscript must be 'trace' or 'script': got 'jit'"):
+        export_model(reference, (x,), tmp_path / "x.pt", "torchscript", torchscript="jit")

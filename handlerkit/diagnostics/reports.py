@@ -20,7 +20,7 @@ __all__ = ["Reports"]
 
 class Reports:
     """Mixed into the Harness: ``time``, ``sweep``, ``device_report``, ``check``,
-    ``compile_report``, ``profile``."""
+    ``compile_report``, ``profile``, ``compare_formats``."""
 
     def time(self, batch_or_data: Any, warmup: int = 3, repeat: int = 20, *, progress: bool | None = None) -> Any:
         """Per-stage min / median / p90 / mean over ``repeat`` runs (device-synchronised)."""
@@ -104,6 +104,35 @@ class Reports:
             top=top,
             record_shapes=record_shapes,
             trace=trace,
+            progress=progress,
+        )
+
+    def compare_formats(
+        self,
+        batch_or_data: Any,
+        *,
+        formats: Sequence[str] | None = None,
+        repeat: int = 20,
+        warmup: int = 2,
+        atol: float = 1e-4,
+        rtol: float = 1e-4,
+        directory: str | os.PathLike[str] | None = None,
+        progress: bool | None = None,
+    ) -> Any:
+        """The model exported to each format (eager, torchscript, onnx, export; aoti, compile on
+        request) inside the handler's own pre- and postprocessing: do the answers agree, and what
+        does each cost (export, first call, steady state, memory, size, batch sizes)?"""
+        from handlerkit.diagnostics.format_lab import compare_formats
+
+        return compare_formats(
+            self._view,
+            Batch.coerce(batch_or_data),
+            formats=formats,
+            repeat=repeat,
+            warmup=warmup,
+            atol=atol,
+            rtol=rtol,
+            directory=directory,
             progress=progress,
         )
 

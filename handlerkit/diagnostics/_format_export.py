@@ -1,0 +1,227 @@
+"""A format made from the eager model for the format lab: exported and loaded back, or why not.
+
+:func:`make` exports with :func:`handlerkit.formats.export_model` (TorchScript by script,
+falling back to trace; ONNX, ``torch.export`` and AOTInductor with a dynamic batch dimension,
+falling back to a fixed one) and loads the file with :func:`handlerkit.formats.load_model`;
+``compile`` wraps the model in ``torch.compile`` with the handler's ``pt2`` options.
+
+Why a model did not export: the exporter's error, the model's line that stopped it, and a fix.
+
+The exporters report the user's line in different places: ``torch.export`` (and the ONNX
+exporter built on it) in the message, as ``File "model.py", line 11, in forward`` under "The
+following call raised this error"; ``torch.jit.script`` in its own message, the same way;
+``torch.jit.trace`` and plain Python errors in the traceback. The line shown is the last one
+in the model's own source files (its class's and its submodules'), or failing that the last
+one outside torch and handlerkit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import re
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ExportFailure", "Made", "explain_failure", "make"]
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXPORTERS = {
+    "torchscript": "torch.jit.script / torch.jit.trace",
+    "onnx": "torch.onnx.export",
+    "export": "torch.export.export",
+    "aoti": "torch.export.export + AOTInductor",
+    "compile": "torch.compile",
+}
+_FILES = {"torchscript": "model.pt", "onnx": "model.onnx", "export": "model.pt2", "aoti": "model.pt2"}
+
+
+@dataclass
+class ExportFailure:
+    """A format that did not export.
+
+    Attributes:
+        error: the exporter's error, ``Type: first line`` of the innermost cause.
+        where: ``file:line`` of the model's line that stopped it, when found.
+        source: that line's code.
+        fix: what to change.
+    """
+
+    error: str
+    where: str | None
+    source: str | None
+    fix: str
+
+
+@dataclass
+class Made:
+    """What :func:`make` gave: the model (None when it failed) and the facts for the report's row."""
+
+    model: Any = None
+    how: str = ""
+    dynamic_batch: bool | None = None
+    failure: ExportFailure | None = None
+    error: str | None = None
+    export_s: float | None = None
+    load_s: float | None = None
+    artifact_bytes: int | None = None
+    exported: bool = field(default=False)
+
+    def facts(self) -> dict[str, Any]:
+        """Every field but the model."""
+        return {k: v for k, v in vars(self).items() if k != "model"}
+
+
+def explain_failure(fmt: str, exc: BaseException, model: Any) -> ExportFailure:
+    """What went wrong exporting ``model`` to ``fmt``, where in the model, and the fix."""
+    chain = _chain(exc)
+    root = chain[-1]
+    text = _ANSI.sub("", str(root)).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    error = f"{type(root).__name__}: {first}" if first else type(root).__name__
+    place = _model_line(chain, _model_files(model))
+    where = source = None
+    if place is not None:
+        where = f"{os.path.basename(place[0])}:{place[1]}"
+        source = linecache.getline(place[0], place[1]).strip() or None
+    return ExportFailure(error, where, source, _fix(fmt, chain, where))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes, outermost first."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _model_files(model: Any) -> set[str]:
+    """The source files of the model's classes and its submodules' (torch's own left out)."""
+    modules = model.modules() if hasattr(model, "modules") else [model]
+    files = set()
+    for module in modules:
+        cls = type(module)
+        if cls.__module__.startswith("torch."):
+            continue
+        try:
+            path = inspect.getsourcefile(cls)
+        except (TypeError, OSError):
+            continue
+        if path:
+            files.add(os.path.realpath(path))
+    return files
+
+
+def _model_line(chain: list[BaseException], model_files: set[str]) -> tuple[str, int] | None:
+    """The last ``(file, line)`` in the model's files named by the chain's messages or tracebacks."""
+    places: list[tuple[str, int]] = []
+    for exc in chain:
+        places += [(m.group(1), int(m.group(2))) for m in _FILE_LINE.finditer(_ANSI.sub("", str(exc)))]
+        places += [(f.filename, f.lineno or 0) for f in traceback.extract_tb(exc.__traceback__)]
+    own = [p for p in places if os.path.realpath(p[0]) in model_files]
+    if own:
+        return own[-1]
+    outside = [p for p in places if not _library(p[0])]
+    return outside[-1] if outside else None
+
+
+def _library(path: str) -> bool:
+    parts = os.path.normpath(path).split(os.sep)
+    return "torch" in parts or "handlerkit" in parts or "site-packages" in parts or path.startswith("<")
+
+
+def _fix(fmt: str, chain: list[BaseException], where: str | None) -> str:
+    names = {type(e).__name__ for e in chain}
+    text = " ".join(str(e) for e in chain)
+    at = f" at {where}" if where else ""
+    if isinstance(chain[-1], ImportError):
+        return str(chain[-1]).split("\n")[0]  # handlerkit's own ImportError names the pip command
+    if "GuardOnDataDependentSymNode" in names or "data-dependent" in text:
+        return (
+            f"the model branches on a tensor's value{at}: compute both sides and pick with torch.where, or "
+            "use torch.cond, so the exporter sees one graph; or serve a format that exported"
+        )
+    if fmt == "torchscript":
+        return (
+            f"TorchScript cannot script or trace the model{at}: give forward tensor inputs and outputs and "
+            "TorchScript-typed Python, or serve a format that exported"
+        )
+    return f"change the model{at} so that {_EXPORTERS[fmt]} can follow it, or serve a format that exported"
+
+
+def make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Made:
+    """Export ``eager`` to ``fmt`` (example ``inputs``, files in ``workdir``) and load it onto the handler's device."""
+    import torch
+
+    from handlerkit.formats import load_model
+
+    row = Made()
+    device = getattr(handler, "device", None) or torch.device("cpu")
+    start = time.perf_counter()
+    try:
+        if fmt == "compile":
+            decision = getattr(getattr(handler, "decisions", None), "compile", None)
+            options = dict(getattr(decision, "options", None) or {}) if getattr(decision, "requested", False) else {}
+            model = torch.compile(eager, **options)
+            row.how = "torch.compile(" + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
+            row.export_s, row.exported = time.perf_counter() - start, True
+            row.model = model
+            return row
+        path = os.path.join(workdir, f"{fmt}-{_FILES[fmt]}")
+        if fmt == "torchscript":
+            row.how = _export_torchscript(eager, inputs, path)
+        else:
+            row.dynamic_batch, row.how = _export_dynamic(fmt, eager, inputs, path)
+    except Exception as exc:
+        row.failure = explain_failure(fmt, exc, eager)
+        return row
+    row.export_s = time.perf_counter() - start
+    row.artifact_bytes = os.path.getsize(path)
+    start = time.perf_counter()
+    try:
+        loaded = load_model(fmt, device=device, model_dir=workdir, model_pt_path=path)
+    except Exception as exc:
+        row.error = f"loading failed: {type(exc).__name__}: {exc}"
+        return row
+    row.load_s, row.exported = time.perf_counter() - start, True
+    row.model = loaded.model
+    return row
+
+
+def _export_torchscript(eager: Any, inputs: tuple, path: str) -> str:
+    from handlerkit.formats import export_model
+
+    try:
+        export_model(eager, inputs, path, "torchscript", torchscript="script")
+        return "torch.jit.script"
+    except Exception as exc:
+        reason = explain_failure("torchscript", exc, eager)
+    export_model(eager, inputs, path, "torchscript", torchscript="trace")
+    where = f" at {reason.where}" if reason.where else ""
+    return (
+        f"torch.jit.trace (script failed{where}: {reason.error}); a trace freezes any branch on a tensor's value "
+        "as the example took it"
+    )
+
+
+def _export_dynamic(fmt: str, eager: Any, inputs: tuple, path: str) -> tuple[bool, str]:
+    from handlerkit.formats import export_model
+
+    exporter = {"onnx": "torch.onnx.export (dynamo)", "export": "torch.export.export", "aoti": "AOTInductor"}[fmt]
+    try:
+        export_model(eager, inputs, path, fmt, dynamic_batch=True)
+        return True, f"{exporter}, batch dimension dynamic (1 to 1024)"
+    except Exception as exc:
+        dynamic_error = exc
+    failure = explain_failure(fmt, dynamic_error, eager)
+    try:
+        export_model(eager, inputs, path, fmt, dynamic_batch=False)
+    except Exception:
+        raise dynamic_error from None  # fixed fails too: the dynamic attempt's error is the one to read
+    return False, f"{exporter}, batch fixed at {inputs[0].shape[0]} (dynamic failed: {failure.error})"

@@ -1,0 +1,67 @@
+"""diagnostics._format_export: a format made from the eager model, or the error, the model's line and the fix."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import MLP_MODEL_PY, load_model_class, write_model_dir
+
+from handlerkit.diagnostics._format_export import explain_failure, make
+
+#: Line 10 raises a plain Python error under the exporter only (it traces with fake tensors).
+RAISES_MODEL_PY = '''\
+import torch
+
+
+class Raises(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x) if type(x) is torch.Tensor else x.no_such_method()
+'''
+
+
+class Handler:
+    device = torch.device("cpu")
+
+
+def test_an_error_in_the_traceback_points_at_the_models_line(tmp_path):
+    model = load_model_class(write_model_dir(tmp_path / "m", MLP_MODEL_PY) / "model.py")()
+    try:
+        model(torch.zeros(2, 5))  # fc1 wants 4 features: the error is raised inside torch, from line 11
+    except RuntimeError as exc:
+        failure = explain_failure("export", exc, model)
+    assert failure.where == "model.py:11"
+    assert failure.source == "return self.fc2(torch.relu(self.fc1(x)))"
+    assert failure.error.startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert failure.fix == "change the model at model.py:11 so that torch.export.export can follow it, or serve a format that exported"
+
+
+def test_a_missing_package_fix_is_the_pip_command():
+    failure = explain_failure("onnx", ImportError("exporting to ONNX needs onnxscript: pip install 'handlerkit[onnx]'"), torch.nn.Linear(1, 1))
+    assert failure.where is None
+    assert failure.fix == "exporting to ONNX needs onnxscript: pip install 'handlerkit[onnx]'"
+
+
+def test_make_exports_and_loads_back(tmp_path):
+    model = load_model_class(write_model_dir(tmp_path / "m", MLP_MODEL_PY) / "model.py")().eval()
+    x = torch.randn(3, 4)
+    made = make("export", model, (x,), str(tmp_path), Handler())
+    assert made.exported and made.dynamic_batch is True and made.failure is None
+    assert made.artifact_bytes == (tmp_path / "export-model.pt2").stat().st_size
+    torch.testing.assert_close(made.model(x), model(x))
+    assert "model" not in made.facts() and made.facts()["how"] == "torch.export.export, batch dimension dynamic (1 to 1024)"
+
+
+def test_make_reports_a_failure_instead_of_raising(tmp_path):
+    model = load_model_class(write_model_dir(tmp_path / "r", RAISES_MODEL_PY) / "model.py")().eval()
+    made = make("export", model, (torch.randn(3, 4),), str(tmp_path), Handler())
+    assert not made.exported and made.model is None
+    assert made.failure is not None and made.failure.where == "model.py:10"
+    assert made.failure.source == "return self.fc(x) if type(x) is torch.Tensor else x.no_such_method()"
+    assert made.failure.error.startswith("AttributeError: ")

@@ -1,0 +1,175 @@
+"""Harness.compare_formats: every format inside the handler's own pre- and postprocessing.
+
+The fixture classifier goes through eager, TorchScript, ONNX Runtime and torch.export (about
+10 s: ONNX's exporter takes 3); the failure cases use a four-input MLP. AOTInductor compiles
+C++ and runs under ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import ARGMAX_MODEL_PY, MLP_MODEL_PY, eager_manifest, write_model_dir
+
+import handlerkit as hk
+import handlerkit.formats
+from handlerkit.diagnostics.format_lab import DEFAULT_FORMATS, FormatReport, FormatRow
+from handlerkit.errors import HandlerkitError
+from handlerkit.handlers.base import BaseHandler
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
+IMAGES = [ROOT / "fixtures" / "images" / f"{name}.png" for name in ("circle", "cross", "square")]
+
+#: A data-dependent branch on line 11: torch.export and the ONNX exporter refuse it.
+BRANCH_MODEL_PY = '''\
+import torch
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum() > 0:
+            y = y * 2
+        return y
+'''
+BATCH = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]]
+
+
+def harness(model_dir: Path, **config: Any) -> hk.Harness:
+    ctx = hk.MockContext(model_dir=model_dir, gpu_id=None, manifest=eager_manifest(), model_yaml_config=config)
+    return hk.Harness(BaseHandler, ctx)
+
+
+def test_fixture_classifier_agrees_in_every_default_format():
+    ctx = hk.MockContext.from_model_dir(CLASSIFIER, gpu_id=None)
+    h = hk.Harness("image_classifier", ctx)
+    batch = hk.batch(*(hk.Request.from_file(p) for p in IMAGES))
+    h.initialize()
+    model = h.handler.model
+    report = h.compare_formats(batch, repeat=3, warmup=1)
+
+    assert isinstance(report, FormatReport) and report.ok
+    assert [r.format for r in report.rows] == list(DEFAULT_FORMATS)
+    for row in report.rows:
+        assert row.agrees, (row.format, row.error, row.difference)
+        assert row.max_abs_diff is not None and row.max_abs_diff < 1e-4
+        assert row.accepted_sizes == [1, 3, 4], (row.format, row.batch_sizes)
+        assert row.steady is not None and row.steady.n == 3
+        assert row.first_call_ms is not None and row.first_call_ms > 0
+    for row in report.rows[1:]:
+        assert row.export_s is not None and row.load_s is not None
+        assert row.artifact_bytes is not None and row.artifact_bytes > 1000
+    assert report.row("torchscript").how == "torch.jit.script"
+    assert report.row("onnx").dynamic_batch is True and report.row("export").dynamic_batch is True
+    assert report.best is not None and report.best.format in DEFAULT_FORMATS
+    assert h.handler.model is model  # put back
+
+    text = str(report)
+    assert "format" in text and "max abs diff" in text and "torch.jit.script" in text
+    assert "<table" in report._repr_mimebundle_()["text/html"]
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["ok"] is True and data["best"] == report.best.format
+    assert data["rows"][2]["batch_sizes"] == {"1": "ok", "3": "ok", "4": "ok"}
+
+
+def test_a_model_that_does_not_export_names_its_line_and_the_fix(tmp_path):
+    h = harness(write_model_dir(tmp_path / "branchy", BRANCH_MODEL_PY))
+    report = h.compare_formats(BATCH, formats=["export", "onnx", "torchscript"], repeat=2, warmup=0)
+
+    assert not report.ok
+    for fmt in ("export", "onnx"):
+        row = report.row(fmt)
+        assert not row.exported and not row.agrees and row.steady is None
+        assert row.failure is not None
+        assert row.failure.error.startswith("GuardOnDataDependentSymNode: Could not guard on data-dependent expression")
+        assert row.failure.where == "model.py:11"
+        assert row.failure.source == "if y.sum() > 0:"
+        assert row.failure.fix.startswith("the model branches on a tensor's value at model.py:11: compute both sides")
+    # TorchScript scripts the branch (it keeps both sides), so its answers agree.
+    assert report.row("torchscript").agrees and report.row("torchscript").how == "torch.jit.script"
+    assert report.best is not None and report.best.format in ("eager", "torchscript")
+    text = str(report)
+    assert "not exported: export, onnx" in text and "if y.sum() > 0:" in text
+
+
+def test_a_perturbed_format_disagrees_and_the_report_says_so(tmp_path, monkeypatch):
+    load_model = handlerkit.formats.load_model
+
+    def perturbed(fmt: str, **kwargs: Any) -> Any:
+        loaded = load_model(fmt, **kwargs)
+        if fmt == "torchscript":
+            inner = loaded.model
+            loaded.model = lambda x: inner(x) + 0.5
+        return loaded
+
+    monkeypatch.setattr(handlerkit.formats, "load_model", perturbed)
+    h = harness(write_model_dir(tmp_path / "mlp", MLP_MODEL_PY))
+    report = h.compare_formats(BATCH, formats=["torchscript", "export"], repeat=2, warmup=0)
+
+    bad = report.row("torchscript")
+    assert bad.exported and bad.answers_agree is False and not bad.agrees
+    assert bad.max_abs_diff == pytest.approx(0.5, abs=1e-5)
+    assert bad.difference is not None and bad.difference.startswith("answers differ at [0][0] (number): eager ")
+    assert set(bad.batch_sizes.values()) == {"wrong output"}
+    assert report.row("export").agrees
+    assert not report.ok and report.to_dict()["ok"] is False
+    assert report.best is not None and report.best.format != "torchscript"
+    assert "answers differ or fail: torchscript" in repr(report)
+    assert "DIFFER" in str(report)
+
+
+def test_torchscript_falls_back_to_trace_and_says_why(tmp_path):
+    # TorchServe's argmax test model takes *input, which torch.jit.script refuses.
+    h = harness(write_model_dir(tmp_path / "argmax", ARGMAX_MODEL_PY))
+    report = h.compare_formats([[1.0, 2.0], [3.0, 1.0]], formats=["torchscript"], repeat=2, warmup=0)
+    row = report.row("torchscript")
+    assert row.agrees, (row.error, row.difference)
+    assert row.how.startswith("torch.jit.trace (script failed at model.py:5: ")
+    assert "a trace freezes any branch on a tensor's value" in row.how
+
+
+def test_compile_uses_the_pt2_settings(tmp_path):
+    h = harness(write_model_dir(tmp_path / "mlp", MLP_MODEL_PY), pt2={"compile": {"enable": True, "backend": "eager"}})
+    report = h.compare_formats(BATCH, formats=["compile"], repeat=2, warmup=1)
+    row = report.row("compile")
+    assert row.how == "torch.compile(backend='eager')"
+    assert row.agrees and row.accepted_sizes == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_aoti_package_agrees(tmp_path):
+    h = harness(write_model_dir(tmp_path / "mlp", MLP_MODEL_PY))
+    report = h.compare_formats(BATCH, formats=["aoti"], repeat=2, warmup=0)
+    row = report.row("aoti")
+    assert row.agrees and row.dynamic_batch is True and row.accepted_sizes == [1, 2, 3]
+    assert row.artifact_bytes is not None and row.artifact_bytes > 10_000
+
+
+def test_unknown_format_is_refused_with_a_suggestion(tmp_path):
+    h = harness(write_model_dir(tmp_path / "mlp", MLP_MODEL_PY))
+    with pytest.raises(ValueError, match=r"unknown format 'onx'.*'onnx'"):
+        h.compare_formats(BATCH, formats=["onx"])
+    with pytest.raises(ValueError, match=r"repeat must be >= 1"):
+        h.compare_formats(BATCH, repeat=0)
+
+
+def test_a_function_handler_has_no_model_to_export():
+    h = hk.Harness(lambda data, context: data, hk.MockContext())
+    with pytest.raises(HandlerkitError, match="function handler: compare_formats finds the model as handler.model"):
+        h.compare_formats(BATCH)
+
+
+def test_report_without_timed_rows_has_no_best():
+    report = FormatReport("H", 2, rows=[FormatRow("eager", exported=True, answers_agree=True)])
+    assert report.ok and report.best is None
+    with pytest.raises(KeyError, match="no 'onnx' row"):
+        report.row("onnx")
