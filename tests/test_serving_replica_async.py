@@ -76,3 +76,20 @@ def test_async_failures_answer_as_torchserve(base):
     # a synchronous handler under asyncCommunication: TorchServe's await fails, 503 for every request
     status, body = _post(base, "/sync/predictions/sync_llm", prompt("x"))
     assert status == 503 and json.loads(body)["message"] == "Prediction failed"
+
+
+def test_concurrent_async_streams_each_get_their_own_chunks(base):
+    """Each request awaits with its own deep copy of the context (as TorchServe's async worker),
+    so concurrent streams on one replica get only their own tokens, then their own answer."""
+    from test_streaming_server import _read_answer
+
+    port = int(base.rsplit(":", 1)[1])
+    texts = [f"{LONG} stream{i}" for i in range(3)]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda t: _read_answer(port, "/predictions/tiny_llm", prompt(t, stream=True), "application/json"), texts))
+    for text, (status, headers, chunks, ended) in zip(texts, answers):
+        assert status == 200 and headers["ts_stream_next"] == "true" and ended
+        assert [c.decode() for c in chunks[:-1]] == reversed_words(text).split()
+        final = json.loads(chunks[-1])
+        assert final["text"] == reversed_words(text)
+    assert max(json.loads(a[2][-1])["at_once"] for a in answers) >= 2  # they did overlap

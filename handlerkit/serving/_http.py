@@ -61,12 +61,14 @@ class Route(NamedTuple):
 
 
 class Reply(NamedTuple):
-    """One HTTP answer: status, reason phrase, headers and body."""
+    """One HTTP answer: status, reason phrase, headers and body; ``failed`` when the worker failed
+    the request's batch (a stream already begun is then cut, :mod:`handlerkit.serving._streams`)."""
 
     status: int
     phrase: str | None
     headers: dict[str, str]
     body: bytes
+    failed: bool = False
 
 
 def parse_route(path: str) -> Route:
@@ -167,7 +169,7 @@ def worker_error(code: int, message: str) -> Reply:
     """What the frontend answers every request of a batch the worker failed: ``RestJob.sendError``
     sends an ``InternalServerException`` document whatever the code (503 "Prediction failed", a
     ``PredictionException``'s own code, 500 "Worker died."), and turns a 413 into a 507."""
-    return error_reply(507 if code == 413 else code, message, "InternalServerException")
+    return error_reply(507 if code == 413 else code, message, "InternalServerException")._replace(failed=True)
 
 
 #: A batch whose worker did not answer within ``responseTimeout``: TorchServe kills the worker

@@ -45,7 +45,7 @@ from typing import Any, cast
 import ray
 from ray import serve
 from starlette.requests import Request as HttpRequest
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from handlerkit.batches import Batch
 from handlerkit.errors import PredictionException
@@ -66,6 +66,7 @@ from handlerkit.serving._http import (
     to_request,
     worker_error,
 )
+from handlerkit.serving._streams import Opened, StreamRouter
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
 SWITCH_INTERVAL_S = 0.0005  # the replica process's sys.setswitchinterval (see HandlerReplica)
@@ -89,6 +90,9 @@ class HandlerReplica:
         self.timeout = settings["response_timeout_s"]
         self.service = self._load(model, handler, settings)
         self.context = self.service.context
+        # The worker socket's frontend end: a streaming handler's chunks go to their requests' clients.
+        self._router = StreamRouter()
+        self.context.cl_socket = self._router
         self._files: frozenset[str] | None = None  # the handler's source files, read at the first failure
         self._handle_thread: int | None = None  # the thread running handle() (its stack, at a timeout)
         self._stuck: str | None = None  # why this replica no longer runs batches (a timed-out one)
@@ -212,7 +216,10 @@ class HandlerReplica:
     async def _await_one(self, request: Any) -> Reply:
         """One request as the async worker runs it: a batch of its own, awaited concurrently."""
         batch = Batch([request])
-        context = copy.copy(self.context)  # the async worker deep-copies its context per batch
+        # As the async worker: a deep copy of the context per batch (its own request ids, headers,
+        # response statuses and metrics), sharing the one socket, whose frames name their requests.
+        context = copy.deepcopy(self.context, {id(self._router): self._router})
+        context.cl_socket = self._router
         try:
             output = await asyncio.wait_for(self.service.ahandle(batch, context=context), self.timeout)
         except asyncio.TimeoutError:
@@ -298,13 +305,21 @@ class HandlerReplica:
             )
         except ValueError as exc:
             return _response(error_reply(400, str(exc)))
+        queue = self._router.open(request.request_id)  # before its batch can run: no chunk is missed
+        answer = asyncio.ensure_future(self._answer(request, route.kind))
+        try:
+            opened = await self._router.answer(request.request_id, queue, answer)
+        except asyncio.CancelledError:  # the client went away: drop its request, as a cancelled await did
+            answer.cancel()
+            raise
+        return _response(opened, None if ray_id else request.request_id)
+
+    async def _answer(self, request: Request, kind: str) -> Reply:
         if self.service.asynchronous:
-            reply = await self._await_one(request)
-        elif self._batcher is not None:
-            reply = await self._batcher.submit(request, route.kind)
-        else:
-            reply = await (self._explain if route.kind == "explain" else self._predict)(request)
-        return _response(reply, None if ray_id else request.request_id)
+            return await self._await_one(request)
+        if self._batcher is not None:
+            return cast("Reply", await self._batcher.submit(request, kind))
+        return await (self._explain if kind == "explain" else self._predict)(request)
 
     async def _describe(self, http: HttpRequest) -> Reply:
         """TorchServe's ``GET /models/<m>[?customized=true]``, the handler asked through the queue."""
@@ -370,7 +385,18 @@ def _rss_bytes() -> int:
         return 0
 
 
-def _response(reply: Reply, request_id: str | None = None) -> Response:
+def _response(reply: Reply | Opened, request_id: str | None = None) -> Response:
+    """Starlette's answer: a full response, or a stream's (one HTTP chunk per send; Ray Serve
+    streams it through its proxy to the client as it comes)."""
+    if isinstance(reply, Opened):
+        if reply.reply is not None:
+            return _response(reply.reply, request_id)
+        assert reply.body is not None  # a stream
+        headers = dict(reply.headers)
+        media = headers.pop("content-type", None)
+        if request_id is not None:
+            headers.setdefault("x-request-id", request_id)
+        return StreamingResponse(reply.body, status_code=reply.status, headers=headers, media_type=media)
     headers = dict(reply.headers)
     media = headers.pop("content-type", None) or headers.pop("Content-Type", None)
     if request_id is not None:
