@@ -42,3 +42,26 @@ def test_builtin_benchmark_judges_answers_against_torchserve(tmp_path, capsys):
     assert "MISSED: not identical" in capsys.readouterr().out
     same, total, worst, _ = bench.agreement([{"a": 0.6, "b": 0.4}], [{"b": 0.55, "a": 0.45}])
     assert (same, total) == (0, 1) and abs(worst - 0.05) < 1e-9  # the check can fail
+
+
+def test_streaming_benchmark_judges_ttfc_and_chunk_rate(capsys):
+    """The streaming benchmark's verdict: the adapter's p50 time to first chunk within 1.1x of
+    TorchServe's and its chunks/s at least 0.9x; a wrong reply fails it whatever the speed."""
+    import argparse
+
+    import streaming_vs_torchserve as bench
+
+    def engine(label, ttfc_ms, wall, wrong=0):
+        e = bench.Engine(label, 0, "/", set(), walls=[wall], cpu=0.5, wrong=wrong)
+        e.results = [bench.Streamed(ttfc_ms, 100.0, 11, "x", 200) for _ in range(10)]
+        return e
+
+    args = argparse.Namespace(batch=4, delay_ms=10, clients=8, rounds=1, requests_per_round=10)
+    assert bench.report([engine("ts", 50.0, 1.0), engine("ray", 54.0, 1.05)], args) == 0
+    assert "time to first chunk p50 1.08x" in capsys.readouterr().out
+    assert bench.report([engine("ts", 50.0, 1.0), engine("ray", 60.0, 1.0)], args) == 1  # 1.2x: too slow to start
+    assert bench.report([engine("ts", 50.0, 1.0), engine("ray", 50.0, 1.2)], args) == 1  # 0.83x the chunk rate
+    assert bench.report([engine("ts", 50.0, 1.0), engine("ray", 50.0, 1.0, wrong=1)], args) == 1
+    assert "1 replies were not the corpus line's rest" in capsys.readouterr().out
+    cases = bench.expected()
+    assert cases[0] == ("a handler ", "turns each request into an answer." * 2)  # streamed rest, then the final answer
