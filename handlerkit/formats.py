@@ -455,7 +455,18 @@ def export_model(
         for module in ("onnx", "onnxscript"):
             require(module, feature="exporting to ONNX", extra="onnx")
         names = [f"input_{i}" for i in range(len(example_inputs))]
-        torch.onnx.export(model, example_inputs, path, input_names=names, dynamic_shapes=dynamic_shapes, verbose=False)
+        # One self-contained file (weights inside, not in a "<file>.data" beside it that the model
+        # names by its first file name): the file can be copied, renamed and named by a manifest.
+        # Protobuf limits such a file to 2 GB.
+        torch.onnx.export(
+            model,
+            example_inputs,
+            path,
+            input_names=names,
+            dynamic_shapes=dynamic_shapes,
+            external_data=False,
+            verbose=False,
+        )
     elif fmt in ("aoti", "export"):
         program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
         if fmt == "export":

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "fixtures" / "models" / "image_classifier"
 IMAGES = ROOT / "fixtures" / "images"
 CIRCLE, STAR, SQUARE = str(IMAGES / "circle.png"), str(IMAGES / "star.jpg"), str(IMAGES / "square.png")
-COMMANDS = ("demo", "new", "run", "check", "time", "compile", "manifest", "archive", "inspect", "serve")
+COMMANDS = ("demo", "new", "run", "check", "time", "compile", "formats", "manifest", "archive", "inspect", "serve")
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:

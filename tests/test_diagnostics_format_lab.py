@@ -17,6 +17,7 @@ from conftest import ARGMAX_MODEL_PY, MLP_MODEL_PY, eager_manifest, write_model_
 
 import handlerkit as hk
 import handlerkit.formats
+from handlerkit._compare import same_output
 from handlerkit.diagnostics.format_lab import DEFAULT_FORMATS, FormatReport, FormatRow
 from handlerkit.errors import HandlerkitError
 from handlerkit.handlers.base import BaseHandler
@@ -173,3 +174,46 @@ def test_report_without_timed_rows_has_no_best():
     assert report.ok and report.best is None
     with pytest.raises(KeyError, match="no 'onnx' row"):
         report.row("onnx")
+
+
+def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
+    model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
+    h = harness(model_dir)
+    eager = h.run(BATCH).output
+    report = h.compare_formats(BATCH, formats=["export"], save="torchscript", repeat=2, warmup=0)
+
+    assert [r.format for r in report.rows] == ["eager", "export", "torchscript"]  # the saved one is tried
+    assert report.saved is not None and report.saved.artifact == "model.torchscript.pt"
+    assert report.to_dict()["saved"]["model"]["serializedFile"] == "model.torchscript.pt"
+    assert any(note.startswith(f"saved torchscript into {model_dir}") for note in report.notes)
+    served = hk.Harness.open(model_dir, BaseHandler)
+    assert same_output(served.run(BATCH).output, eager, 1e-5, 1e-5)
+    assert served.handler.decisions.model_format == "torchscript"
+
+
+def test_save_refuses_a_format_that_disagrees_and_an_archive(tmp_path, monkeypatch):
+    load_model = handlerkit.formats.load_model
+
+    def perturbed(fmt: str, **kwargs: Any) -> Any:
+        loaded = load_model(fmt, **kwargs)
+        inner = loaded.model
+        loaded.model = lambda x: inner(x) + 0.5
+        return loaded
+
+    model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
+    monkeypatch.setattr(handlerkit.formats, "load_model", perturbed)
+    report = harness(model_dir).compare_formats(BATCH, formats=[], save="export", repeat=1, warmup=0)
+    assert report.saved is None and not report.ok
+    assert any(n.startswith(f"export was not saved into {model_dir}: answers differ at [0][0]") for n in report.notes)
+    assert not (model_dir / "model.export.pt2").exists() and "serializedFile" in json.loads(
+        (model_dir / "MAR-INF" / "MANIFEST.json").read_text()
+    )["model"]
+
+
+
+def test_save_refuses_a_model_opened_from_an_archive(tmp_path):
+    from handlerkit.archive import build
+
+    h = hk.Harness.open(build(CLASSIFIER, tmp_path / "store"))
+    with pytest.raises(HandlerkitError, match=r"save='onnx' writes into the handler's model dir, and .* from an archive"):
+        h.compare_formats(hk.batch(hk.Request.from_file(IMAGES[0])), save="onnx")

@@ -61,6 +61,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.workdir": 2,
     "handlerkit.async_worker": 2,
     "handlerkit.formats": 2,
+    "handlerkit.served_format": 2,  # a format saved into a model dir: file, manifest, pt2
     "handlerkit.archive": 2,  # a package: rules, pack, write, read, extract, inspect
     # 3. handlers
     "handlerkit.handlers": 3,

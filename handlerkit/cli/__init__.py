@@ -2,7 +2,7 @@
 
 ``handlerkit demo`` runs the built-in image classifier on the bundled shapes model, stage by
 stage; ``new`` writes a handler of your own (a model dir, its tests, a notebook). ``run``,
-``check``, ``time`` and ``compile`` take ``MODEL FILES...`` (a model dir or a ``.mar``; one
+``check``, ``time``, ``compile`` and ``formats`` take ``MODEL FILES...`` (a model dir or a ``.mar``; one
 request per file), ``manifest`` writes a model dir's manifest, ``archive`` builds a ``.mar`` and
 ``inspect`` says what is in one. One module per subcommand; each defines ``add_parser`` and a
 ``command`` returning an :class:`~handlerkit.cli._common.Outcome`. Their heavy imports (torch,
@@ -41,6 +41,7 @@ _COMMANDS = {
     "check": "check",
     "time": "timing",
     "compile": "compile",
+    "formats": "formats",
     "manifest": "manifest",
     "archive": "archive",
     "inspect": "inspect",

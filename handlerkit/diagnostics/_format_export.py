@@ -5,6 +5,9 @@ falling back to trace; ONNX, ``torch.export`` and AOTInductor with a dynamic bat
 falling back to a fixed one) and loads the file with :func:`handlerkit.formats.load_model`;
 ``compile`` wraps the model in ``torch.compile`` with the handler's ``pt2`` options.
 
+:func:`save_made` saves a format that gave eager's answers into the handler's model dir
+(:func:`handlerkit.served_format.save_format`), the lab's ``save=``.
+
 Why a model did not export: the exporter's error, the model's line that stopped it, and a fix.
 
 The exporters report the user's line in different places: ``torch.export`` (and the ONNX
@@ -26,7 +29,16 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ExportFailure", "Made", "explain_failure", "make"]
+__all__ = [
+    "ExportFailure",
+    "Made",
+    "artifact_path",
+    "compile_options",
+    "explain_failure",
+    "make",
+    "save_dir",
+    "save_made",
+]
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -155,6 +167,17 @@ def _fix(fmt: str, chain: list[BaseException], where: str | None) -> str:
     return f"change the model{at} so that {_EXPORTERS[fmt]} can follow it, or serve a format that exported"
 
 
+def artifact_path(fmt: str, workdir: str) -> str:
+    """Where :func:`make` writes format ``fmt``'s file in ``workdir``."""
+    return os.path.join(workdir, f"{fmt}-{_FILES[fmt]}")
+
+
+def compile_options(handler: Any) -> dict[str, Any]:
+    """``torch.compile``'s keyword arguments from the handler's ``pt2`` settings (none when it asks for no compile)."""
+    decision = getattr(getattr(handler, "decisions", None), "compile", None)
+    return dict(getattr(decision, "options", None) or {}) if getattr(decision, "requested", False) else {}
+
+
 def make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Made:
     """Export ``eager`` to ``fmt`` (example ``inputs``, files in ``workdir``) and load it onto the handler's device."""
     import torch
@@ -166,14 +189,13 @@ def make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Mad
     start = time.perf_counter()
     try:
         if fmt == "compile":
-            decision = getattr(getattr(handler, "decisions", None), "compile", None)
-            options = dict(getattr(decision, "options", None) or {}) if getattr(decision, "requested", False) else {}
+            options = compile_options(handler)
             model = torch.compile(eager, **options)
             row.how = "torch.compile(" + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
             row.export_s, row.exported = time.perf_counter() - start, True
             row.model = model
             return row
-        path = os.path.join(workdir, f"{fmt}-{_FILES[fmt]}")
+        path = artifact_path(fmt, workdir)
         if fmt == "torchscript":
             row.how = _export_torchscript(eager, inputs, path)
         else:
@@ -225,3 +247,34 @@ def _export_dynamic(fmt: str, eager: Any, inputs: tuple, path: str) -> tuple[boo
     except Exception:
         raise dynamic_error from None  # fixed fails too: the dynamic attempt's error is the one to read
     return False, f"{exporter}, batch fixed at {inputs[0].shape[0]} (dynamic failed: {failure.error})"
+
+
+def save_dir(context: Any, name: str, fmt: str, replace: bool) -> str:
+    """The handler's model dir, checked for saving ``fmt`` there before the lab does any work."""
+    from handlerkit.errors import HandlerkitError
+    from handlerkit.served_format import plan_save
+
+    model_dir = context.system_properties.get("model_dir")
+    if getattr(context, "archive", None) is not None or not model_dir:
+        raise HandlerkitError(
+            f"save={fmt!r} writes into the handler's model dir, and {name} was opened from an archive "
+            "(unpacked into a temporary dir) or has none",
+            fix="extract the archive (handlerkit.archive.extract) and open the model dir, then save",
+        )
+    plan_save(model_dir, fmt, replace=replace)
+    return str(model_dir)
+
+
+def save_made(row: Any, model_dir: str, workdir: str, handler: Any, replace: bool) -> tuple[Any, str]:
+    """Save ``row``'s format (its file in ``workdir``) into the model dir when it gave eager's
+    answers: the :class:`~handlerkit.served_format.SavedFormat` (None when not saved) and a note."""
+    from handlerkit.served_format import ARTIFACT_NAMES, save_format
+
+    fmt = row.format
+    if not row.agrees:
+        why = row.failure.error if row.failure else row.error or row.difference or "its answers differ from eager's"
+        return None, f"{fmt} was not saved into {model_dir}: {why}"
+    artifact = artifact_path(fmt, workdir) if fmt in ARTIFACT_NAMES else None
+    options = compile_options(handler) if fmt == "compile" else None
+    saved = save_format(model_dir, fmt, artifact=artifact, compile_options=options, replace=replace)
+    return saved, f"{saved} Open the model dir again to serve it."

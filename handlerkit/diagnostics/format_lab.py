@@ -35,7 +35,7 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._text import format_bytes, suggestion
 from handlerkit.diagnostics._compile_gate import eager_model
-from handlerkit.diagnostics._format_export import ExportFailure, make
+from handlerkit.diagnostics._format_export import ExportFailure, make, save_dir, save_made
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs
 from handlerkit.diagnostics.timing import TimingStats, summarize
@@ -119,6 +119,7 @@ class FormatReport(Rendered):
         repeat / warmup: steady-state calls timed, and discarded before, per format.
         atol / rtol: the tolerance the answers are compared with.
         notes: facts worth reading next to the numbers.
+        saved: the format saved into the model dir (``save=``), or None.
     """
 
     handler: str
@@ -130,6 +131,7 @@ class FormatReport(Rendered):
     atol: float = 1e-4
     rtol: float = 1e-4
     notes: list[str] = field(default_factory=list)
+    saved: Any = None
 
     @property
     def ok(self) -> bool:
@@ -164,6 +166,7 @@ class FormatReport(Rendered):
             "best": None if best is None else best.format,
             "rows": [row.to_dict() for row in self.rows],
             "notes": list(self.notes),
+            "saved": None if self.saved is None else self.saved.to_dict(),
         }
 
     def _summary(self) -> str:
@@ -246,6 +249,8 @@ def compare_formats(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     directory: str | os.PathLike[str] | None = None,
+    save: str | None = None,
+    replace: bool = False,
     progress: bool | None = None,
 ) -> FormatReport:
     """Run ``batch`` through the handler with its model in each format (see the module docstring).
@@ -256,15 +261,22 @@ def compare_formats(
         repeat / warmup: steady-state inference calls timed, and discarded before, per format.
         atol / rtol: the tolerance of "the same answers".
         directory: where to write the artifacts (default: a temporary directory, removed after).
+        save: a format to save into the handler's model dir when its answers agree
+            (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``).
+        replace: with ``save``, delete the files of earlier saves (never the original weights).
         progress: a progress bar (None: when someone is watching).
 
     Raises:
         ValueError: an unknown format, or bad ``repeat`` / ``warmup``.
         HandlerkitError: a function handler, a model that is no ``nn.Module``, or a handler
-            whose ``handle`` does not call ``inference`` once per batch.
+            whose ``handle`` does not call ``inference`` once per batch; with ``save``, a model
+            opened from an archive, or a file in the model dir that saving would overwrite.
         StageError: the batch fails with the handler's own eager model.
     """
     names = _format_names(formats)
+    if save is not None:
+        names = _format_names([*names, save])
+        model_dir = save_dir(view.context, view.name, save, replace)
     if repeat < 1 or warmup < 0:
         raise ValueError(f"repeat must be >= 1 and warmup >= 0: got repeat={repeat}, warmup={warmup}")
     handler = view.handler
@@ -306,6 +318,9 @@ def compare_formats(
                 bar.update()
             bar.set_description(f"formats of {view.name}: steady state")
             _steady(report, models, handler, data, warmup, repeat)
+            if save is not None:
+                report.saved, note = save_made(report.row(save), model_dir, workdir, handler, replace)
+                report.notes.append(note)
             bar.update(len(names))
         finally:
             handler.model = own

@@ -117,11 +117,14 @@ class Reports:
         atol: float = 1e-4,
         rtol: float = 1e-4,
         directory: str | os.PathLike[str] | None = None,
+        save: str | None = None,
+        replace: bool = False,
         progress: bool | None = None,
     ) -> Any:
         """The model exported to each format (eager, torchscript, onnx, export; aoti, compile on
         request) inside the handler's own pre- and postprocessing: do the answers agree, and what
-        does each cost (export, first call, steady state, memory, size, batch sizes)?"""
+        does each cost (export, first call, steady state, memory, size, batch sizes)? ``save=FORMAT``
+        saves that format into the model dir when it agrees (``replace``: earlier saves deleted)."""
         from handlerkit.diagnostics.format_lab import compare_formats
 
         return compare_formats(
@@ -133,6 +136,8 @@ class Reports:
             atol=atol,
             rtol=rtol,
             directory=directory,
+            save=save,
+            replace=replace,
             progress=progress,
         )
 

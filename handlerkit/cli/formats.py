@@ -1,0 +1,92 @@
+"""``handlerkit formats MODEL FILES...``: the format lab (``Harness.compare_formats``), and with
+``--save FORMAT`` the chosen format saved into the model dir."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from handlerkit.cli._common import (
+    FAILED,
+    OK,
+    Outcome,
+    header,
+    jsonable,
+    loaded_batch,
+    model_command,
+    non_negative,
+    positive,
+)
+
+HELP = "compare the model's formats (TorchScript, ONNX, export, ...) inside the handler; --save one"
+DESCRIPTION = (
+    "Export the model of MODEL to each format (default: eager, torchscript, onnx, export; aoti and "
+    "compile on request), run FILES through the handler's own preprocess and postprocess with each, "
+    "and report whether the answers agree with eager, the export time, first call, steady-state "
+    "median, peak memory, file size and the batch sizes each accepts. With --save FORMAT, that "
+    "format is written into the model dir and its manifest (and model-config.yaml's pt2) point at "
+    "it, when its answers agree. Exit code 1 when a format fails or disagrees."
+)
+_LAB_FORMATS = (
+    "eager",
+    "torchscript",
+    "onnx",
+    "export",
+    "aoti",
+    "compile",
+)  # format_lab.LAB_FORMATS, not imported for --help
+
+
+def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
+    parser = model_command(commands, parents, "formats", HELP, DESCRIPTION, command)
+    group = parser.add_argument_group("format lab")
+    group.add_argument(
+        "--formats", metavar="A,B", type=_format_list, help="formats to try, e.g. torchscript,onnx (default: eager, "
+        "torchscript, onnx, export; also aoti, compile)",
+    )  # fmt: skip
+    group.add_argument(
+        "--save", metavar="FORMAT", choices=_LAB_FORMATS, help="write this format into the model dir when it agrees"
+    )
+    group.add_argument(
+        "--replace", action="store_true", help="with --save, delete the files of earlier saves (never the weights)"
+    )
+    group.add_argument(
+        "--repeat", metavar="N", type=positive, default=10, help="steady calls timed per format (default: 10)"
+    )
+    group.add_argument("--warmup", metavar="N", type=non_negative, default=1, help="calls discarded first (default: 1)")
+
+
+def _format_list(text: str) -> list[str]:
+    """An argparse type: ``"torchscript,onnx"`` -> ``["torchscript", "onnx"]``, each a lab format."""
+    from handlerkit._text import suggestion
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name not in _LAB_FORMATS:
+            raise argparse.ArgumentTypeError(
+                f"unknown format {name!r}{suggestion(name, _LAB_FORMATS)}; the formats are {', '.join(_LAB_FORMATS)}"
+            )
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected formats like torchscript,onnx: got {text!r}")
+    return names
+
+
+def command(args: argparse.Namespace) -> Outcome:
+    if args.replace and args.save is None:
+        from handlerkit.cli._common import InputError
+
+        raise InputError("--replace deletes earlier saves when --save FORMAT saves a new one: give --save too")
+    with loaded_batch(args) as (model, batch):
+        report = model.harness.compare_formats(
+            batch,
+            formats=args.formats,
+            repeat=args.repeat,
+            warmup=args.warmup,
+            save=args.save,
+            replace=args.replace,
+            progress=args.progress,
+        )
+        ok = report.ok and (args.save is None or report.saved is not None)
+        data = {"model": model.label, **jsonable(report.to_dict()), "ok": ok}
+        return Outcome(OK if ok else FAILED, f"{header(model)}\n{report}", data)

@@ -1,0 +1,160 @@
+"""handlerkit.served_format: a format saved into a model dir, served by hk.BaseHandler and TorchServe 0.12.
+
+The fixture classifier is copied to a temporary dir; each format's file is written with
+``formats.export_model`` (TorchScript in about a second, ONNX in three), then the dir is opened
+afresh and must answer as the original eager model did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import MLP_MODEL_PY, eager_manifest, write_model_dir
+
+import handlerkit as hk
+from handlerkit._compare import same_output
+from handlerkit.errors import HandlerkitError
+from handlerkit.formats import export_model
+from handlerkit.handlers.base import BaseHandler
+from handlerkit.served_format import RECORD, plan_save, save_format
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
+IMAGES = [ROOT / "fixtures" / "images" / f"{name}.png" for name in ("circle", "cross", "square")]
+
+
+def classifier_copy(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(CLASSIFIER, tmp_path / "clf"))
+
+
+def batch() -> hk.Batch:
+    return hk.batch(*(hk.Request.from_file(p) for p in IMAGES))
+
+
+def answers(model_dir: Path) -> tuple[list[Any], Any]:
+    """The dir opened afresh through hk.Service (as the CLI and engines open it): answers and decisions."""
+    with hk.Service.open(model_dir) as service:
+        service.initialize()
+        return service.handle(batch()), service.handler.decisions
+
+
+def exported(model_dir: Path, fmt: str, tmp_path: Path) -> Path:
+    """The dir's eager model written in ``fmt`` outside the dir."""
+    h = hk.Harness.open(model_dir)
+    h.initialize()
+    example = torch.zeros(2, 3, 224, 224)
+    path = tmp_path / f"exported-{fmt}"
+    return Path(export_model(h.handler.model, (example,), path, fmt, torchscript="script"))
+
+
+def manifest(model_dir: Path) -> dict[str, Any]:
+    return json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())["model"]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_torchscript_saved_answers_as_eager_and_keeps_the_weights(tmp_path):
+    model_dir = classifier_copy(tmp_path)
+    eager, _ = answers(model_dir)
+    weights = digest(model_dir / "model.pt")
+
+    saved = save_format(model_dir, "torchscript", artifact=exported(model_dir, "torchscript", tmp_path))
+
+    assert saved.artifact == "model.torchscript.pt" and (model_dir / "model.torchscript.pt").is_file()
+    assert manifest(model_dir)["serializedFile"] == "model.torchscript.pt"
+    assert "modelFile" not in manifest(model_dir)  # TorchServe would read the file as eager weights
+    assert digest(model_dir / "model.pt") == weights and (model_dir / "model.py").is_file()
+    assert saved.pt2 is None and "loads it (a .pt without modelFile is TorchScript)" in saved.torchserve
+    served, decisions = answers(model_dir)
+    assert decisions.model_format == "torchscript"
+    assert same_output(served, eager, 1e-4, 1e-4)
+    record = json.loads((model_dir / RECORD).read_text())
+    assert record == {
+        "original": {"serializedFile": "model.pt", "modelFile": "model.py"},
+        "saved": {"torchscript": "model.torchscript.pt"},
+        "serving": "torchscript",
+    }
+
+
+def test_replace_removes_earlier_saves_and_eager_goes_back_to_the_weights(tmp_path):
+    model_dir = classifier_copy(tmp_path)
+    eager, _ = answers(model_dir)
+    onnx_file = exported(model_dir, "onnx", tmp_path)  # from the eager model, before it serves TorchScript
+    save_format(model_dir, "torchscript", artifact=exported(model_dir, "torchscript", tmp_path))
+    kept = save_format(model_dir, "onnx", artifact=onnx_file)
+    assert kept.removed == [] and (model_dir / "model.torchscript.pt").is_file()  # kept unless asked
+
+    onnx = save_format(model_dir, "onnx", artifact=onnx_file, replace=True)
+    assert onnx.removed == ["model.torchscript.pt"] and not (model_dir / "model.torchscript.pt").exists()
+    served, decisions = answers(model_dir)
+    assert decisions.model_format == "onnx" and same_output(served, eager, 1e-4, 1e-4)
+    assert "default inference calls the session like a module and fails" in onnx.torchserve
+
+    back = save_format(model_dir, "eager", replace=True)
+    assert back.removed == ["model.onnx"] and (model_dir / "model.pt").is_file()
+    assert manifest(model_dir)["serializedFile"] == "model.pt" and manifest(model_dir)["modelFile"] == "model.py"
+    served, decisions = answers(model_dir)
+    assert decisions.model_format == "eager" and served == eager
+
+
+def test_compile_sets_pt2_and_an_exported_format_turns_it_off(tmp_path):
+    model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY)
+    saved = save_format(model_dir, "compile", compile_options={"backend": "eager"})
+    assert saved.pt2 == {"compile": {"enable": True, "backend": "eager"}}
+    assert manifest(model_dir)["configFile"] == "model-config.yaml"
+    assert saved.notes == ["MAR-INF/MANIFEST.json was inferred from the files; it is written now"]
+    h = hk.Harness.open(model_dir, BaseHandler)
+    h.initialize()
+    assert h.handler.decisions.compile.requested and h.handler.decisions.compile.options == {"backend": "eager"}
+    eager = h.run([[1.0, 2.0, 3.0, 4.0]]).output
+
+    example = (torch.zeros(2, 4),)
+    artifact = export_model(h.handler.model._orig_mod, example, tmp_path / "mlp.pt2", "export")
+    off = save_format(model_dir, "export", artifact=artifact)
+    assert off.pt2 == {"compile": {"enable": False, "backend": "eager"}}
+    h = hk.Harness.open(model_dir, BaseHandler)
+    assert same_output(h.run([[1.0, 2.0, 3.0, 4.0]]).output, eager, 1e-5, 1e-5)
+    assert h.handler.decisions.model_format == "export" and not h.handler.decisions.compile.requested
+    assert "handlerkit only" in off.torchserve
+
+
+def test_a_file_handlerkit_did_not_write_is_never_overwritten(tmp_path):
+    model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
+    (model_dir / "model.onnx").write_bytes(b"the user's own")
+    with pytest.raises(HandlerkitError, match=r"model.onnx is already there and handlerkit did not write it") as info:
+        plan_save(model_dir, "onnx")
+    assert info.value.fix == "move or rename model.onnx, then save again"
+    assert (model_dir / "model.onnx").read_bytes() == b"the user's own"
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY)
+    with pytest.raises(ValueError, match=r"cannot save format 'onx' \(did you mean 'onnx'\?\)"):
+        plan_save(model_dir, "onx")
+    with pytest.raises(ValueError, match=r"saving 'onnx' takes the exported file: got artifact=None"):
+        save_format(model_dir, "onnx")
+    with pytest.raises(ValueError, match=r"saving 'compile' takes no artifact"):
+        save_format(model_dir, "compile", artifact=model_dir / "model.pt")
+    with pytest.raises(HandlerkitError, match=r"saved into a model dir, and '.*nowhere' is none"):
+        plan_save(tmp_path / "nowhere", "eager")
+
+
+@pytest.mark.torchserve
+def test_torchserve_worker_serves_the_saved_torchscript(tmp_path):
+    from _vision_examples import ts_answers, ts_handler, ts_service
+
+    model_dir = classifier_copy(tmp_path)
+    eager, _ = answers(model_dir)
+    save_format(model_dir, "torchscript", artifact=exported(model_dir, "torchscript", tmp_path))
+
+    service = ts_service(model_dir, batch_size=4)
+    assert isinstance(ts_handler(service).model, torch.jit.ScriptModule)
+    assert same_output(ts_answers(service, batch()), eager, 1e-4, 1e-4)
