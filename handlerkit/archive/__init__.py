@@ -181,7 +181,7 @@ def add_compile_cache(planned: Plan, batch: Any, workdir: str | os.PathLike[str]
     model_dir, cache_dir = Path(workdir, "model"), Path(workdir, "cache")
     cache_dir.mkdir(parents=True, exist_ok=True)
     folder = dataclasses.replace(planned, output_dir=model_dir).write("no-archive", progress=False)
-    recorded = record(os.fspath(folder), batch, os.fspath(cache_dir))
+    recorded = record(os.fspath(folder), batch, os.fspath(cache_dir), label=f"model {planned.model_name!r}")
     listed = ", ".join(f"{n} {kind}" for kind, n in recorded.artifacts.items())
     names = {os.path.basename(recorded.cache), os.path.basename(recorded.tag)}
     planned.files[:] = [f for f in planned.files if f.name not in names]  # an earlier recording is replaced

@@ -54,8 +54,12 @@ class Recorded:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def record(model_dir: str, batch: Any, out_dir: str, *, timeout: float | None = None) -> Recorded:
+def record(
+    model_dir: str, batch: Any, out_dir: str, *, label: str | None = None, timeout: float | None = None
+) -> Recorded:
     """Compile the handler of ``model_dir`` on ``batch`` in a fresh process; the cache goes to ``out_dir``.
+
+    ``label`` names the model in errors (default: ``model_dir``).
 
     Raises:
         HandlerkitError: the handler failed in the child, or compiled nothing (no ``pt2``
@@ -69,14 +73,15 @@ def record(model_dir: str, batch: Any, out_dir: str, *, timeout: float | None = 
         done = subprocess.run(argv + [result_path], capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0 or not os.path.isfile(result_path):
             raise HandlerkitError(
-                f"recording the compile cache of {model_dir} failed in the child process "
+                f"recording the compile cache of {label or model_dir} failed in the child process "
                 f"(exit code {done.returncode}):\n{_tail(done.stderr)}",
                 fix="run the same batch with handlerkit run MODEL FILES to see the handler's error, then build again",
             )
         with open(result_path, encoding="utf-8") as f:
             result = json.load(f)
     if result.get("error"):
-        raise HandlerkitError(result["error"], fix=result.get("fix") or _NOT_COMPILED_FIX)
+        message = str(result["error"]).replace(os.path.abspath(model_dir), label or model_dir)
+        raise HandlerkitError(message, fix=_NOT_COMPILED_FIX)
     return Recorded(
         cache=os.path.join(out_dir, CACHE_FILE),
         tag=os.path.join(out_dir, TAG_FILE),
