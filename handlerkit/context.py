@@ -400,7 +400,7 @@ class MockContext:
     @classmethod
     def from_mar(cls, path: str | os.PathLike[str], **kwargs: Any) -> MockContext:
         """:meth:`from_model_dir` on a ``.mar``/``.tar.gz``: see :func:`handlerkit.archive.context_from_mar`."""
-        from handlerkit.archive import context_from_mar
+        from handlerkit.archive.extract import context_from_mar
 
         return context_from_mar(cls, path, **kwargs)
 

@@ -26,7 +26,7 @@ def inputs(tmp_path: Path) -> Path:
 def test_the_package_offers_its_names_where_users_type_them() -> None:
     assert sorted(archive.__all__) == sorted([
         "NEVER_SWEPT", "RULES", "ArchiveError", "ArchiveInfo", "ExtractedArchive", "FileInfo", "LeftOut", "Limits",
-        "PackedFile", "Plan", "build", "context_from_mar", "inspect_archive", "is_archive", "open_mar",
+        "PackedFile", "Plan", "add_compile_cache", "build", "context_from_mar", "inspect_archive", "is_archive", "open_mar",
         "open_temporary", "plan", "read_manifest",
     ])  # fmt: skip
     for name in archive.__all__:

@@ -398,6 +398,11 @@ def test_inductor_first_call_split(mlp_dir, tmp_path, monkeypatch):
     assert report.inductor_s > 0 and report.backend_s >= report.inductor_s
     assert report.compile_s >= report.backend_s and report.dynamo_s > 0
     assert report.graph_breaks == [] and len(report.graphs) == 1
+    # An empty cache dir: the graph misses both caches and compiles cold; the report says so per graph.
+    (graph,) = report.graphs
+    assert (graph.fx_graph_cache, graph.aot_autograd_cache) == ("miss", "miss")
+    assert report.cache_load_s is None and report.cold_compile_s == pytest.approx(graph.compile_s)
+    assert "graphs compiled cold s" in str(report)
 
 
 def test_a_compile_report_is_ok_without_an_error_a_failing_problem_or_a_recompile():

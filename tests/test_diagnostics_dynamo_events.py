@@ -115,3 +115,31 @@ def test_a_real_compile_with_a_graph_break_is_caught_and_the_logger_left_as_it_w
     assert found.file is not None and os.path.samefile(found.file, __file__)
     assert found.source == 'print("", end="")  # the graph break'
     assert logging.getLogger("torch.__trace").propagate is False
+
+
+def cache_record(name: str, frame: int, payload: dict) -> logging.LogRecord:
+    import json
+
+    record = logging.LogRecord("torch.__trace", logging.DEBUG, __file__, 1, "", (), None)
+    record.metadata = {"artifact": {"name": name, "encoding": "json"}, "frame_id": frame, "frame_compile_id": 0}
+    record.payload = json.dumps(payload)
+    return record
+
+
+def test_cache_artifacts_say_per_graph_what_each_cache_did():
+    """Inductor writes fx_graph_cache_* and AOTAutograd aotautograd_cache_* artifacts per graph;
+    each frame gets its states, a bypass with torch's reason."""
+    events = DynamoEvents()
+    collector = events._collector
+    collector.metrics = [{"compile_id": "0/0", "co_name": "forward"}, {"compile_id": "1/0", "co_name": "helper"},
+                         {"compile_id": "2/0", "co_name": "eager_only"}]
+    collector.emit(cache_record("fx_graph_cache_hit", 0, {"cache_state": "hit"}))
+    collector.emit(cache_record("aotautograd_cache_miss", 0, {"cache_state": "miss"}))
+    collector.emit(cache_record("fx_graph_cache_bypass", 1, {"cache_bypass_reason": "Can't cache HigherOrderOperators"}))
+    collector.emit(cache_record("aotautograd_cache_bypass", 1, {}))
+    collector.emit(cache_record("fx_graph_cache_unknown", 2, {}))  # not a cache state: ignored
+    first, second, third = events.frames
+    assert (first.fx_graph_cache, first.aot_autograd_cache, first.cache_hit) == ("hit", "miss", True)
+    assert second.fx_graph_cache == "bypass: Can't cache HigherOrderOperators" and not second.cache_hit
+    assert second.aot_autograd_cache == "bypass: torch gave no reason"
+    assert (third.fx_graph_cache, third.aot_autograd_cache) == (None, None)

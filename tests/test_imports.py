@@ -62,11 +62,17 @@ LAYERS: dict[str, int] = {
     "handlerkit.async_worker": 2,
     "handlerkit.formats": 2,
     "handlerkit.served_format": 2,  # a format saved into a model dir: file, manifest, pt2
-    "handlerkit.archive": 2,  # a package: rules, pack, write, read, extract, inspect
+    "handlerkit.compile_cache": 2,
+    # the archive package: rules, pack, write, read, extract, inspect, manifest, imports
+    **{f"handlerkit.archive.{m}": 2 for m in ("rules", "pack", "write", "read", "extract", "inspect", "manifest", "imports")},
     # 3. handlers
     "handlerkit.handlers": 3,
     # 4. the front door: a model and its handler, loaded as the worker loads them
     "handlerkit.service": 4,
+    # ... and what runs a handler to build an archive: its compile cache is recorded by the
+    # service in a child process, so the archive facade (``archive.build``) sits above it
+    "handlerkit.archive.compile_cache": 4,
+    "handlerkit.archive": 4,
     # 5. the harness's records
     "handlerkit.results": 5,
     "handlerkit.recording": 5,

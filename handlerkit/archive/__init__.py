@@ -49,8 +49,10 @@ code imports), ``manifest`` (the archiver's manifest), ``write`` (zip, tar.gz, f
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from handlerkit.archive.extract import ExtractedArchive, context_from_mar, open_mar, open_temporary
 from handlerkit.archive.inspect import ArchiveInfo, FileInfo, inspect_archive
@@ -58,6 +60,9 @@ from handlerkit.archive.pack import LeftOut, PackedFile, Plan, plan
 from handlerkit.archive.read import is_archive, read_manifest
 from handlerkit.archive.rules import NEVER_SWEPT, RULES, ArchiveError, Limits
 from handlerkit.archive.write import check_options
+
+if TYPE_CHECKING:
+    from handlerkit.archive.compile_cache import Recorded
 
 __all__ = [
     "NEVER_SWEPT",
@@ -70,6 +75,7 @@ __all__ = [
     "Limits",
     "PackedFile",
     "Plan",
+    "add_compile_cache",
     "build",
     "context_from_mar",
     "inspect_archive",
@@ -97,6 +103,7 @@ def build(
     force: bool = False,
     progress: bool | None = None,
     compression: str = "auto",
+    compile_cache: Any = None,
 ) -> Path:
     """Build a model archive with the manifest ``torch-model-archiver`` 0.12 would write.
 
@@ -123,6 +130,11 @@ def build(
         progress: a progress bar in MiB (None: where a person watches, see ``_progress``).
         compression: ``"auto"`` (weights and incompressible files stored, the rest deflated),
             ``"deflate"`` (everything, as the archiver) or ``"store"``.
+        compile_cache: a batch (``hk.batch(...)``): the handler's model is compiled on it in a
+            fresh process, and ``compile-cache.bin`` (``torch.compiler.save_cache_artifacts()``)
+            and its tag ``compile-cache.json`` are packed too; ``hk.BaseHandler`` loads them
+            before its first compiled call where the tag matches
+            (:mod:`~handlerkit.archive.compile_cache`).
 
     Returns:
         The ``.mar``, ``.tar.gz`` or folder written.
@@ -132,6 +144,8 @@ def build(
             bad model name, two files with one archive name (``name-collision``), a hidden or
             secret-looking file swept in (``secret-file``), a manifest naming a file that is
             not archived, or an existing output without ``force``.
+        HandlerkitError: ``compile_cache`` given, and the handler does not compile its model
+            or fails on the batch.
     """
     check_options(archive_format, compression)
     planned = plan(
@@ -146,4 +160,31 @@ def build(
         config_file=config_file,
         version=version,
     )
-    return planned.write(archive_format, force=force, compression=compression, progress=progress)
+    if compile_cache is None:
+        return planned.write(archive_format, force=force, compression=compression, progress=progress)
+    with tempfile.TemporaryDirectory(prefix="handlerkit-compile-cache-") as workdir:
+        add_compile_cache(planned, compile_cache, workdir)
+        return planned.write(archive_format, force=force, compression=compression, progress=progress)
+
+
+def add_compile_cache(planned: Plan, batch: Any, workdir: str | os.PathLike[str]) -> Recorded:
+    """Add a compile cache recorded on ``batch`` to ``planned`` (what ``compile_cache=`` does).
+
+    The plan is written as a folder under ``workdir``, its handler compiled there in a fresh
+    process (:func:`~handlerkit.archive.compile_cache.record`), and ``compile-cache.bin`` and
+    ``compile-cache.json``, left in ``workdir``, join the plan: write it before ``workdir`` goes.
+    """
+    import dataclasses
+
+    from handlerkit.archive.compile_cache import record
+
+    model_dir, cache_dir = Path(workdir, "model"), Path(workdir, "cache")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    folder = dataclasses.replace(planned, output_dir=model_dir).write("no-archive", progress=False)
+    recorded = record(os.fspath(folder), batch, os.fspath(cache_dir), label=f"model {planned.model_name!r}")
+    listed = ", ".join(f"{n} {kind}" for kind, n in recorded.artifacts.items())
+    names = {os.path.basename(recorded.cache), os.path.basename(recorded.tag)}
+    planned.files[:] = [f for f in planned.files if f.name not in names]  # an earlier recording is replaced
+    for path, what in ((recorded.cache, f"compile cache ({listed})"), (recorded.tag, "the compile cache's tag")):
+        planned.files.append(PackedFile(os.path.basename(path), os.path.getsize(path), Path(path), what))
+    return recorded

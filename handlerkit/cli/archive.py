@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import OK, InputError, Outcome
+from handlerkit.cli._common import OK, InputError, Outcome, check_files, requests
 
 HELP = "build a .mar (or a no-archive dir, or a .tar.gz)"
 DESCRIPTION = (
@@ -79,6 +80,14 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         "as torch-model-archiver (default: auto)",
     )
     out.add_argument("-f", "--force", action="store_true", help="overwrite an existing archive")
+    out.add_argument(
+        "--compile-cache",
+        metavar="FILES",
+        nargs="+",
+        help="compile the handler's model on these request files in a fresh process and ship "
+        "torch.compiler.save_cache_artifacts() as compile-cache.bin (tagged with the torch version and "
+        "device kind); hk.BaseHandler loads it before its first compiled call where the tag matches",
+    )
     parser.set_defaults(command=command)
 
 
@@ -89,7 +98,7 @@ def command(args: argparse.Namespace) -> Outcome:
     if args.source is None and not (args.model_name and args.handler):
         raise InputError("give SOURCE (a model dir), or --model-name and --handler with the model's files")
     from handlerkit._text import format_bytes
-    from handlerkit.archive import plan
+    from handlerkit.archive import add_compile_cache, plan
 
     start = time.perf_counter()
     planned = plan(
@@ -104,7 +113,18 @@ def command(args: argparse.Namespace) -> Outcome:
         config_file=args.config_file,
         version=args.model_version,
     )
-    path = planned.write(args.archive_format, force=args.force, compression=args.compression, progress=args.progress)
+    if args.compile_cache:
+        check_files(args.compile_cache)
+        with tempfile.TemporaryDirectory(prefix="handlerkit-compile-cache-") as workdir:
+            recorded = add_compile_cache(planned, requests(args.compile_cache), workdir)
+            path = planned.write(
+                args.archive_format, force=args.force, compression=args.compression, progress=args.progress
+            )
+    else:
+        recorded = None
+        path = planned.write(
+            args.archive_format, force=args.force, compression=args.compression, progress=args.progress
+        )
     seconds = time.perf_counter() - start
     size = _size(os.fspath(path))
     store = os.path.dirname(os.path.abspath(path))
@@ -120,6 +140,12 @@ def command(args: argparse.Namespace) -> Outcome:
         "seconds": seconds,
         **planned.to_dict(),
     }
+    if recorded is not None:
+        data["compile_cache"] = {"artifacts": recorded.artifacts, "first_call_s": recorded.first_call_s}
+        listed = ", ".join(f"{n} {kind}" for kind, n in recorded.artifacts.items())
+        text += (
+            f"\ncompile cache: {listed} artifact(s), recorded in {recorded.first_call_s:.1f} s (first compiled call)"
+        )
     return Outcome(OK, text, data)
 
 

@@ -121,9 +121,7 @@ def first_call_facts(
             report.dynamo_s = max(report.compile_s - report.backend_s, 0.0)
         if any(f.inductor_s is not None for f in frames):
             report.inductor_s = sum(f.inductor_s or 0.0 for f in frames)
-        hits = sum(f.cache_hits or 0 for f in frames)
-        if hits:
-            report.notes.append(f"Inductor's FX graph cache served {hits} graph(s): a warm cache, not a cold compile")
+        _cache_split(report, frames)
     report.recompiles = recompiles(frames)
     report.dynamic_inputs = _dynamic_inputs(report.pt2_settings, run, first.symbols)
     _verdict(report, handler, compiled_at_start)
@@ -132,6 +130,26 @@ def first_call_facts(
             "the first call compiled nothing: Dynamo's cache held this model's code already (it ran before the "
             "report, or a model of the same class was compiled in this process), so the compile cost was not "
             "observed. Call h.initialize() and then compile_report before any other run to see it"
+        )
+
+
+def _cache_split(report: CompileReport, frames: list[Any]) -> None:
+    """The first call's compile split into graphs compiled cold and graphs loaded from Inductor's
+    FX graph cache (a warm ``TORCHINDUCTOR_CACHE_DIR``, or a shipped compile cache), with a note."""
+    graphs = [f for f in frames if f.graph_ops is not None or f.fx_graph_cache is not None or f.cache_hits]
+    loaded = [f for f in graphs if f.cache_hit]
+    report.cache_load_s = sum(f.compile_s or 0.0 for f in loaded) if loaded else None
+    cold = [f for f in graphs if not f.cache_hit]
+    report.cold_compile_s = sum(f.compile_s or 0.0 for f in cold) if cold else None
+    bypassed = [f"{f.compile_id}: {f.fx_graph_cache}" for f in graphs if (f.fx_graph_cache or "").startswith("bypass")]
+    if loaded:
+        report.notes.append(
+            f"Inductor's FX graph cache served {len(loaded)} of {len(graphs)} graph(s) at the first call: a cache "
+            f"load of {report.cache_load_s:.2f} s, not a cold compile (a warm cache dir, or a shipped compile cache)"
+        )
+    if bypassed:
+        report.notes.append(
+            "Inductor's FX graph cache was bypassed (" + "; ".join(bypassed) + "): those graphs compile cold every time"
         )
 
 

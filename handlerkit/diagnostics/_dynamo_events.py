@@ -17,6 +17,7 @@ guarded: a torch without one gives fewer facts, never an error. Where no record 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import linecache
@@ -61,6 +62,7 @@ _METRIC_KEYS = (
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
 _DOC_URL = re.compile(r"https?://\S+?/gb(\d{4})\.html")
 _PAYLOAD_AT = re.compile(r"^Graph break in user code at (.+):(\d+)\s*$", re.MULTILINE)
+_CACHE_ARTIFACT = re.compile(r"^(fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
 _SIZE_SOURCE = re.compile(r"^L\['([^']+)'\]\.size\(\)\[(\d+)\]$")
 
 
@@ -87,6 +89,9 @@ class CompiledFrame:
         recompile_reason: why an existing compile could not be reused (recompiles only).
         failure: ``"Type: message"`` when compiling it failed.
         cache_hits / cache_misses: Inductor FX graph cache lookups.
+        fx_graph_cache / aot_autograd_cache: what Inductor's FX graph cache and the AOTAutograd
+            cache did for this frame's graph: ``"hit"``, ``"miss"`` or ``"bypass: <reason>"``
+            (None: the cache was not consulted, e.g. another backend).
     """
 
     compile_id: str
@@ -101,6 +106,16 @@ class CompiledFrame:
     failure: str | None = None
     cache_hits: int | None = None
     cache_misses: int | None = None
+    fx_graph_cache: str | None = None
+    aot_autograd_cache: str | None = None
+
+    @property
+    def cache_hit(self) -> bool:
+        """The compiled graph was loaded from Inductor's FX graph cache, not compiled cold (from the
+        cache artifact, else from the metrics' hit count)."""
+        if self.fx_graph_cache is not None:
+            return self.fx_graph_cache == "hit"
+        return bool(self.cache_hits) and not self.cache_misses
 
     @property
     def is_recompile(self) -> bool:
@@ -157,6 +172,7 @@ class _Collector(logging.Handler):
         self.metrics: list[dict[str, Any]] = []
         self.breaks: list[dict[str, Any]] = []
         self.symbols: list[str] = []
+        self.caches: dict[str, dict[str, str]] = {}  # compile id -> {"fx_graph": "hit", ...}
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -167,14 +183,26 @@ class _Collector(logging.Handler):
                 found = meta["compilation_metrics"]
                 self.metrics.append({k: found.get(k) for k in _METRIC_KEYS})
             elif "artifact" in meta:
-                if (meta["artifact"] or {}).get("name") == "dynamo_graph_break_reason":
+                name = (meta["artifact"] or {}).get("name")
+                if name == "dynamo_graph_break_reason":
                     self.breaks.append(_raw_break(getattr(record, "payload", None), sys.exc_info()[1]))
+                elif isinstance(name, str) and _CACHE_ARTIFACT.match(name):
+                    self._cache_event(meta, name, getattr(record, "payload", None))
             elif "create_symbol" in meta:
                 source = (meta["create_symbol"] or {}).get("source")
                 if isinstance(source, str):
                     self.symbols.append(source)
         except Exception:  # a record we cannot read must never break the model's compile
             pass
+
+    def _cache_event(self, meta: dict[str, Any], name: str, payload: Any) -> None:
+        """``fx_graph_cache_hit`` / ``aotautograd_cache_bypass`` ...: the state, and a bypass's reason."""
+        cache, state = _CACHE_ARTIFACT.match(name).groups()  # type: ignore[union-attr]  # matched by the caller
+        if state == "bypass":
+            info = json.loads(payload) if isinstance(payload, str) else {}
+            state = f"bypass: {info.get('cache_bypass_reason') or 'torch gave no reason'}"
+        compile_id = f"{meta.get('frame_id')}/{meta.get('frame_compile_id')}"
+        self.caches.setdefault(compile_id, {})[cache] = state
 
 
 def _raw_break(payload: Any, exc: BaseException | None) -> dict[str, Any]:
@@ -245,7 +273,18 @@ class DynamoEvents:
     def frames(self) -> list[CompiledFrame]:
         """The frames compiled while open, in order."""
         found = self._collector.metrics or self._after or []
-        return [_frame(m) for m in found]
+        caches = self._collector.caches
+        frames = [_frame(m) for m in found]
+        return [
+            dataclasses.replace(
+                f,
+                fx_graph_cache=caches.get(f.compile_id, {}).get("fx_graph"),
+                aot_autograd_cache=caches.get(f.compile_id, {}).get("aotautograd"),
+            )
+            if f.compile_id in caches
+            else f
+            for f in frames
+        ]
 
     @property
     def breaks(self) -> list[dict[str, Any]]:

@@ -73,6 +73,8 @@ class CompileReport(Rendered):
             cached already: the model ran before the report).
         compile_s / dynamo_s / backend_s / inductor_s: the first call's compile time, split
             into Dynamo's own and the backend's (Inductor's share of it when Inductor ran).
+        cold_compile_s / cache_load_s: the same compile split by graph: compiled cold, or
+            loaded from Inductor's FX graph cache (each frame's cache states are in ``frames``).
         frames: every frame compiled during the report (:class:`CompiledFrame`).
         graph_breaks: deduplicated (:class:`GraphBreak`).
         recompiles: frames compiled again, with the failed guard (:class:`Recompile`).
@@ -102,6 +104,8 @@ class CompileReport(Rendered):
     dynamo_s: float | None = None
     backend_s: float | None = None
     inductor_s: float | None = None
+    cold_compile_s: float | None = None
+    cache_load_s: float | None = None
     frames: list[CompiledFrame] = field(default_factory=list)
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     recompiles: list[Recompile] = field(default_factory=list)
@@ -195,6 +199,10 @@ class CompileReport(Rendered):
             cost += [["compile s", self.compile_s], ["Dynamo s", self.dynamo_s], ["backend s", self.backend_s]]
             if self.inductor_s is not None:
                 cost.append(["of which Inductor s", self.inductor_s])
+            if self.cold_compile_s is not None:
+                cost.append(["graphs compiled cold s", self.cold_compile_s])
+            if self.cache_load_s is not None:
+                cost.append(["graphs loaded from the FX graph cache s", self.cache_load_s])
         steady = [
             [name, s.n, s.median, s.p90]
             for name, s in (("compiled", self.steady_compiled), ("eager", self.steady_eager))
@@ -209,8 +217,27 @@ class CompileReport(Rendered):
                 ("", "n", "median ms", "p90 ms"), steady, f"steady state ({self.timed_stage}, batch {self.batch_size})"
             ),
             Table(
-                ("compile id", "function", "defined at", "graph ops", "compile s"),
-                [[f.compile_id, f.function, where(f.file, f.line), f.graph_ops, f.compile_s] for f in self.frames],
+                (
+                    "compile id",
+                    "function",
+                    "defined at",
+                    "graph ops",
+                    "compile s",
+                    "FX graph cache",
+                    "AOTAutograd cache",
+                ),
+                [
+                    [
+                        f.compile_id,
+                        f.function,
+                        where(f.file, f.line),
+                        f.graph_ops,
+                        f.compile_s,
+                        f.fx_graph_cache,
+                        f.aot_autograd_cache,
+                    ]
+                    for f in self.frames
+                ],
                 "compiled frames",
             ),
             Table(

@@ -9,6 +9,9 @@ one import. Where it differs, it differs to fail loudly instead of silently:
 * ``modelFile`` is imported from the handler's own model dir, even when a module called
   ``model`` was already imported from another one;
 * a failed ``torch.compile`` is recorded in :attr:`BaseHandler.decisions` and warned about;
+* a compile cache shipped in the model dir is loaded before the first compiled call when its
+  tag matches this torch and device, and the decision says why not when it does not
+  (:mod:`handlerkit.compile_cache`);
 * a bad model dir raises a :class:`~handlerkit.errors.ModelLoadError` that names the file
   and the fix, and leaves ``initialized`` False;
 * TF32 is set in ``initialize`` (a ``handler: {tf32: ...}`` setting), never at import;
@@ -42,6 +45,7 @@ import torch
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import bind_implicitly, payload
+from handlerkit.compile_cache import load_shipped
 from handlerkit.devices import choose_device
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, ModelLoadError
 from handlerkit.formats import detect_format, load_model
@@ -65,6 +69,7 @@ class CompileDecision:
     reason: str = "no pt2 section in model-config.yaml"
     error: str | None = None
     fell_back_at_runtime: bool = False
+    cache: dict[str, Any] = field(default_factory=dict)  # the shipped compile cache (compile_cache.CacheLoad)
 
 
 @dataclass
@@ -259,6 +264,11 @@ class BaseHandler:
         decisions.model_path, decisions.model_details = loaded.path, loaded.details
 
         decisions.compile = self._apply_compile(config.pt2)
+        if decisions.compile.applied:  # before the first compiled call: the shipped compile cache
+            shipped = load_shipped(model_dir, choice.kind, self.device)
+            decisions.compile.cache = shipped.to_dict()
+            if shipped.found:
+                decisions.notes.append(f"compile cache: {shipped.reason}")
 
         mapping_path = os.path.join(model_dir, "index_to_name.json")
         self.mapping = load_label_mapping(mapping_path)

@@ -1,0 +1,149 @@
+"""A compile cache shipped in a model dir: ``torch.compiler.save_cache_artifacts()``'s bytes and their tag.
+
+``archive.build(..., compile_cache=batch)`` compiles the handler's model on a batch in a fresh
+process and leaves two files in the model dir (:mod:`handlerkit.archive.compile_cache`):
+
+- ``compile-cache.bin``: the bytes of ``torch.compiler.save_cache_artifacts()`` (Inductor's
+  FX graph cache and the AOTAutograd cache entries of every graph compiled, the "mega-cache");
+- ``compile-cache.json``: the tag that decides whether those bytes can serve here — the torch
+  version (with its git revision), the Python version and the device kind (with the device
+  name on an accelerator), plus what was recorded, for people.
+
+``hk.BaseHandler`` calls :func:`load_shipped` before its first compiled call: when the tag
+matches, ``torch.compiler.load_cache_artifacts()`` writes the entries into the local cache
+dirs (``TORCHINDUCTOR_CACHE_DIR``), so the first compile finds them; when it does not, nothing
+is loaded and :attr:`CacheLoad.reason` says why. torch itself refuses artifacts of another
+torch version silently (their keys never match): the tag makes that a decision one can read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["CACHE_FILE", "TAG_FILE", "TAG_KEYS", "CacheLoad", "current_tag", "load_shipped", "save_artifacts", "write"]
+
+CACHE_FILE = "compile-cache.bin"
+TAG_FILE = "compile-cache.json"
+#: The tag's keys that must match for the cache to be used (the others describe the recording).
+TAG_KEYS = ("torch", "torch_git", "python", "device_kind", "device_name")
+
+
+@dataclass
+class CacheLoad:
+    """What became of a model dir's shipped compile cache (``decisions.compile.cache``).
+
+    Attributes:
+        found: the model dir holds ``compile-cache.bin``.
+        loaded: its artifacts were handed to ``torch.compiler.load_cache_artifacts``.
+        reason: why it was, or was not, loaded.
+        artifacts: artifacts loaded per cache (``{"inductor": 1, "aot_autograd": 1}``).
+        seconds: the time the load took.
+        tag: the shipped tag, as read.
+    """
+
+    found: bool = False
+    loaded: bool = False
+    reason: str = ""
+    artifacts: dict[str, int] = field(default_factory=dict)
+    seconds: float | None = None
+    tag: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def current_tag(device_kind: str, device: Any = None) -> dict[str, Any]:
+    """The tag a cache recorded here now would carry (the :data:`TAG_KEYS`)."""
+    import torch
+
+    name = None
+    if device_kind == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(device)
+    return {
+        "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", None),
+        "python": platform.python_version(),
+        "device_kind": device_kind,
+        "device_name": name,
+    }
+
+
+def mismatch(shipped: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """Why a cache tagged ``shipped`` cannot serve ``here``; None when it can."""
+    different = [
+        f"{key} {shipped.get(key)!r} (here {here.get(key)!r})" for key in TAG_KEYS if shipped.get(key) != here.get(key)
+    ]
+    if not different:
+        return None
+    return "the compile cache was recorded with " + ", ".join(different)
+
+
+def save_artifacts() -> tuple[bytes, dict[str, int]] | None:
+    """``torch.compiler.save_cache_artifacts()``: the bytes and the artifacts per cache (None:
+    nothing was compiled in this process)."""
+    import torch
+
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return None
+    data, info = saved
+    return data, _counts(info)
+
+
+def write(model_dir: str, data: bytes, tag: dict[str, Any]) -> tuple[str, str]:
+    """Write ``compile-cache.bin`` and its tag into ``model_dir``; the two paths."""
+    cache, tag_path = os.path.join(model_dir, CACHE_FILE), os.path.join(model_dir, TAG_FILE)
+    with open(cache, "wb") as f:
+        f.write(data)
+    with open(tag_path, "w", encoding="utf-8") as f:
+        json.dump(tag, f, indent=2, sort_keys=True)
+        f.write("\n")
+    return cache, tag_path
+
+
+def load_shipped(model_dir: str, device_kind: str, device: Any = None) -> CacheLoad:
+    """Load the model dir's compile cache when its tag matches this process; else say why not."""
+    cache = os.path.join(model_dir, CACHE_FILE)
+    if not os.path.isfile(cache):
+        return CacheLoad(reason=f"no {CACHE_FILE} in the model dir: the first call compiles from the local cache")
+    result = CacheLoad(found=True)
+    tag_path = os.path.join(model_dir, TAG_FILE)
+    try:
+        with open(tag_path, encoding="utf-8") as f:
+            result.tag = json.load(f)
+    except (OSError, ValueError) as exc:
+        result.reason = (
+            f"{CACHE_FILE} has no readable {TAG_FILE} ({type(exc).__name__}: {exc}); an untagged cache is not "
+            "loaded: rebuild the archive with compile_cache= to tag it"
+        )
+        return result
+    if not isinstance(result.tag, dict):
+        result.tag, result.reason = {}, f"{TAG_FILE} is not a JSON object: rebuild the archive with compile_cache="
+        return result
+    why = mismatch(result.tag, current_tag(device_kind, device))
+    if why is not None:
+        result.reason = f"{why}: not loaded; rebuild the archive with compile_cache= where it will be served"
+        return result
+    import torch
+
+    start = time.perf_counter()
+    with open(cache, "rb") as f:
+        info = torch.compiler.load_cache_artifacts(f.read())
+    result.seconds = time.perf_counter() - start
+    if info is None:
+        result.reason = f"torch could not read {CACHE_FILE} (torch.compiler.load_cache_artifacts gave nothing)"
+        return result
+    result.loaded, result.artifacts = True, _counts(info)
+    listed = ", ".join(f"{n} {kind}" for kind, n in result.artifacts.items()) or "no artifacts"
+    result.reason = f"loaded {listed} from {CACHE_FILE} (tag matches) in {result.seconds:.2f} s"
+    return result
+
+
+def _counts(info: Any) -> dict[str, int]:
+    artifacts = getattr(info, "artifacts", None) or {}
+    return {str(kind): len(keys) for kind, keys in artifacts.items() if keys}
