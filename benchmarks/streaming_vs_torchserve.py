@@ -41,6 +41,8 @@ MODEL_DIR = ROOT / "fixtures" / "models" / "text_generator"
 NAME = "text_generator"
 TARGETS = {"ttfc": 1.1, "chunks/s": 0.9}
 
+from ray_vs_torchserve import _cpu_seconds, _free_port  # noqa: E402  (one way to count an engine's CPU)
+
 
 @dataclass
 class Streamed:
@@ -95,19 +97,6 @@ class Engine:
     wrong: int = 0
 
 
-def cpu_seconds(pids: set[int]) -> float:
-    import psutil
-
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
-
-
 def load(engine: Engine, requests: int, clients: int, cases: list[tuple[str, str]]) -> None:
     """One closed-loop round; results and wall time appended to ``engine``."""
 
@@ -118,12 +107,12 @@ def load(engine: Engine, requests: int, clients: int, cases: list[tuple[str, str
             out.append((stream("127.0.0.1", engine.port, engine.path, prompt), text))
         return out
 
-    before = cpu_seconds(engine.pids)
+    before = _cpu_seconds(engine.pids)
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         done = [r for part in pool.map(client, range(clients)) for r in part]
     engine.walls.append(time.perf_counter() - start)
-    engine.cpu += cpu_seconds(engine.pids) - before
+    engine.cpu += _cpu_seconds(engine.pids) - before
     for result, text in done:
         result.chunks = len(text) // 2 + 1  # a chunk per character, then the final answer (reads may merge them)
         engine.results.append(result)
@@ -205,14 +194,6 @@ def main() -> int:
                 finally:
                     ray.shutdown()
     return report(engines, args)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def report(engines: list[Engine], args: argparse.Namespace) -> int:
