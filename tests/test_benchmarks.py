@@ -65,3 +65,18 @@ def test_streaming_benchmark_judges_ttfc_and_chunk_rate(capsys):
     assert "1 replies were not the corpus line's rest" in capsys.readouterr().out
     cases = bench.expected()
     assert cases[0] == ("a handler ", "turns each request into an answer." * 2)  # streamed rest, then the final answer
+
+
+def test_format_lab_benchmark_does_the_labs_work_plainly(tmp_path):
+    """The plain side of benchmarks/format_lab.py runs what the lab runs (here: eager and
+    TorchScript on the fixture classifier) and leaves the handler's own model in place."""
+    import format_lab
+
+    import handlerkit as hk
+
+    h = hk.Harness.open(os.path.join(ROOT, "fixtures", "models", "image_classifier"))
+    h.initialize()
+    model = h.handler.model
+    batch = hk.batch(hk.Request.from_file(os.path.join(ROOT, "fixtures", "images", "circle.png")))
+    format_lab.plain(h, batch, ["eager", "torchscript"], repeat=2, warmup=1, workdir=str(tmp_path))
+    assert h.handler.model is model and any(p.name.startswith("torchscript") for p in tmp_path.iterdir())
