@@ -17,8 +17,14 @@ chunks / all wall time), requests per second, the CPU its processes used per chu
 reply checked against the corpus. Targets (issue 20): the adapter's time to first chunk p50
 <= 1.1x TorchServe's, and its chunks per second >= 0.9x.
 
+Ray runs as installed unless ``--ray-throughput-optimized``, which starts the local Ray instance
+with Ray Serve's ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` (user code on the replica's event loop,
+the router in the caller's loop, request logs buffered, direct ingress to the replica): the
+setting Ray Serve documents for throughput, still on loopback (its HAProxy mode is not used: it
+binds every interface).
+
 Usage: python benchmarks/streaming_vs_torchserve.py [--rounds 4] [--requests-per-round 32]
-       [--clients 8] [--batch 4] [--delay-ms 10]
+       [--clients 8] [--batch 4] [--delay-ms 10] [--ray-throughput-optimized]
 Exit status 1 when a target is missed or a reply is wrong; 2 when ray or torchserve is missing.
 """
 
@@ -28,6 +34,7 @@ import argparse
 import concurrent.futures
 import http.client
 import importlib.util
+import os
 import statistics
 import sys
 import tempfile
@@ -142,7 +149,11 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--delay-ms", type=int, default=10)
+    parser.add_argument("--ray-throughput-optimized", action="store_true",
+                        help="start Ray with RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
     args = parser.parse_args()
+    if args.ray_throughput_optimized:
+        os.environ.update(RAY_SERVE_THROUGHPUT_OPTIMIZED="1", RAY_SERVE_DEFAULT_HTTP_HOST="127.0.0.1")  # read by Ray at start
     for package in ("ray", "ts", "psutil"):
         if importlib.util.find_spec(package) is None:
             print(f"needs {package}: pip install 'handlerkit[test,ray]'")
