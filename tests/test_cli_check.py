@@ -48,10 +48,23 @@ def test_usage_errors_of_the_two_forms_are_exit_code_2(capsys):
     code, _, err = cli(capsys, "check", "--protocol", "v2", "http://127.0.0.1:9", "request.json")
     assert code == 2 and "--protocol v2 takes one URL and no FILES: got http://127.0.0.1:9 request.json" in err
     code, _, err = cli(capsys, "check", "fixtures/models/image_classifier", "--model", "m")
-    assert code == 2 and "--model NAME names a served model: it needs --protocol v2 URL" in err
+    assert code == 2 and "--model NAME is for a served model: it needs --protocol v2 URL" in err
     code, _, err = cli(capsys, "check", "fixtures/models/image_classifier")
     assert code == 2 and "check needs FILES: one request body per file" in err
     code, _, err = cli(capsys, "check", "--protocol", "v3", "http://127.0.0.1:9")
     assert code == 2 and "argument --protocol: invalid choice: 'v3'" in err
     code, _, err = cli(capsys, "check", "--protocol", "v2", "localhost:8080")
     assert code == 2 and "expected the server's base URL, like http://127.0.0.1:8080: got 'localhost:8080'" in err
+
+
+def test_inputs_from_a_file_and_a_file_that_is_no_json(capsys, tmp_path):
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}))
+    with fake_v2_server() as url:
+        code, out, _ = cli(capsys, "check", "--protocol", "v2", url, "--inputs", str(request), "--json")
+        assert code == 0 and any("(BYTES, flat data)" in row["endpoint"] for row in json.loads(out)["rows"])
+        (tmp_path / "bad.json").write_text("{not json")
+        code, _, err = cli(capsys, "check", "--protocol", "v2", url, "--inputs", str(tmp_path / "bad.json"))
+    assert code == 2 and f"--inputs {tmp_path / 'bad.json'}: expected a JSON file of v2 inputs" in err
+    code, _, err = cli(capsys, "check", "fixtures/models/image_classifier", "x.png", "--inputs", str(request))
+    assert code == 2 and "--inputs JSON is for a served model: it needs --protocol v2 URL" in err

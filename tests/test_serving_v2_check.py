@@ -125,3 +125,25 @@ def test_nothing_listening_and_a_bad_url_are_errors_with_a_fix():
     assert "start the server" in info.value.fix
     with pytest.raises(HandlerkitError, match="expected the server's base URL, like http://127.0.0.1:8080: got '127.0.0.1:8080'"):
         check("127.0.0.1:8080")
+
+
+def test_given_inputs_replace_the_ones_built_from_the_metadata():
+    rows = [{"name": "features", "shape": [2, 3], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 1.0, 2.0, 3.0]}]
+    with fake_v2_server() as url:
+        report = check(url, MODEL, inputs=rows)
+        assert report.ok, str(report)
+        assert report.passed(f"{INFER} (FP32, nested data)", ANSWER)  # sent as [[0.1, 0.2, 0.3], [1.0, 2.0, 3.0]]
+        refused = check(url, MODEL, inputs=[{**rows[0], "name": "unknown"}])
+    assert refused.failures[0].endpoint == f"{INFER} (FP32, flat data)"
+    assert refused.failures[0].excerpt == '{"error": "unknown input \'unknown\'"}'
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ([], "expected a non-empty list"),
+    ([{"name": "x", "shape": [2], "datatype": "FP32", "data": [1.0]}], r"inputs\[0\] shape \[2\] needs 2 values in data"),
+    ([{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1.0]}], r"inputs\[0\] shape \[-1\] is not a list of integers >= 0"),
+    ([{"name": "x", "shape": [1], "datatype": "FLOAT", "data": [1.0]}], r"inputs\[0\] datatype 'FLOAT' is none of BOOL"),
+])  # fmt: skip
+def test_given_inputs_must_be_v2_request_inputs(inputs, message):
+    with pytest.raises(HandlerkitError, match=r"expected v2 request inputs \(\{name, shape, datatype, data\} each\): " + message):
+        check("http://127.0.0.1:9", "m", inputs=inputs)

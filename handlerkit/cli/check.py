@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,14 +47,21 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     protocol.add_argument(
         "--model", dest="served_model", metavar="NAME", help="the served model to check (default: the one it lists)"
     )
+    protocol.add_argument(
+        "--inputs",
+        metavar="JSON",
+        help="a file holding the well-formed request's v2 inputs (a list, or a request with 'inputs'), for a "
+        "model that needs real data such as an encoded image (default: built from the model's metadata)",
+    )
     protocol.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer (default: 10)")
 
 
 def command(args: argparse.Namespace) -> Outcome:
     if args.protocol == "v2":
         return _protocol_v2(args)
-    if args.served_model is not None:
-        raise InputError("--model NAME names a served model: it needs --protocol v2 URL")
+    for option, value in (("--model NAME", args.served_model), ("--inputs JSON", args.inputs)):
+        if value is not None:
+            raise InputError(f"{option} is for a served model: it needs --protocol v2 URL")
     if not args.files:
         raise InputError("check needs FILES: one request body per file (or --protocol v2 URL to check a server)")
     with loaded_batch(args) as (model, batch):
@@ -68,5 +76,17 @@ def _protocol_v2(args: argparse.Namespace) -> Outcome:
 
     if args.files:
         raise InputError(f"--protocol v2 takes one URL and no FILES: got {' '.join([args.model, *args.files])}")
-    report = check(args.model, args.served_model, timeout=args.timeout)
+    report = check(args.model, args.served_model, inputs=_inputs(args.inputs), timeout=args.timeout)
     return Outcome(OK if report.ok else FAILED, str(report), report.to_dict())
+
+
+def _inputs(path: str | None) -> Any:
+    """The v2 inputs in the ``--inputs`` file: a list, or a request's ``inputs``."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--inputs {path}: expected a JSON file of v2 inputs: {exc}") from exc
+    return data.get("inputs") if isinstance(data, dict) else data

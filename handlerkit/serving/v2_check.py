@@ -222,14 +222,13 @@ def _nested(values: list[Any], shape: list[int]) -> Any:
     return [_nested(values[k * step : (k + 1) * step], shape[1:]) for k in range(shape[0])]
 
 
-def _inputs(metadata: list[dict[str, Any]], *, nested: bool = False) -> list[dict[str, Any]]:
-    """Well-formed request inputs for the metadata's inputs: -1 dimensions filled with 1."""
+def _inputs(metadata: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Well-formed request inputs (flat data) for the metadata's inputs: -1 dimensions filled with 1."""
     inputs = []
     for tensor in metadata:
         shape = [1 if d == -1 else d for d in tensor["shape"]]
         values = [_value(tensor["datatype"], i) for i in range(math.prod(shape))]
-        data = _nested(values, shape) if nested else values
-        inputs.append({"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"], "data": data})
+        inputs.append({"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"], "data": values})
     return inputs
 
 
@@ -333,14 +332,22 @@ def _infer_response(model: str) -> Callable[[dict[str, Any]], list[str]]:
 
 
 # ------------------------------------------------------------------------------ the check
-def check(url: str, model: str | None = None, *, timeout: float = 10.0) -> V2Report:
+def check(
+    url: str, model: str | None = None, *, inputs: list[dict[str, Any]] | None = None, timeout: float = 10.0
+) -> V2Report:
     """Check the server at ``url`` (e.g. ``http://127.0.0.1:8080``) against the Open Inference
     Protocol v2, with ``model`` (discovered where the server lists its models, when not given).
 
+    ``inputs``: the well-formed request's inputs (v2 ``$request_input`` objects), for a model
+    that needs real data (an image classifier needs an encoded image, not any string); by
+    default they are built from the model's metadata.
+
     Raises:
-        HandlerkitError: the URL is no http(s) URL, nothing answers there, or no model was
-            given and the server names none (or several).
+        HandlerkitError: the URL is no http(s) URL, ``inputs`` are no v2 request inputs,
+            nothing answers there, or no model was given and the server names none (or several).
     """
+    if inputs is not None:
+        _check_inputs(inputs)
     ask = _Client(url, timeout)
     live = ask("GET", "/v2/health/live")
     if live.status is None:
@@ -372,16 +379,19 @@ def check(url: str, model: str | None = None, *, timeout: float = 10.0) -> V2Rep
     rules.status(f"GET {path}/ready", ask("GET", f"{path}/ready"))
 
     infer = f"POST {path}/infer"
-    well_formed = _inputs(inputs_metadata) if inputs_metadata else []
+    if inputs is not None:
+        well_formed = [{**t, "data": _flat(t["data"])} for t in inputs]
+    else:
+        well_formed = _inputs(inputs_metadata) if inputs_metadata else []
     if not well_formed:
         missing = Answer(None, failure="not sent")
         rules.rule(infer, "a request built from the metadata's inputs", missing, "the metadata lists no usable inputs")
+    types = ", ".join(sorted({t["datatype"] for t in well_formed}))
     for form, nested in (("flat data", False), ("nested data", True)):
         if not well_formed:
             break
-        payload = {"id": _REQUEST_ID, "inputs": _inputs(inputs_metadata, nested=nested)}
-        types = ", ".join(sorted({t["datatype"] for t in inputs_metadata}))
-        answer = ask("POST", f"{path}/infer", _json_body(payload))
+        sent = [{**t, "data": _nested(t["data"], t["shape"])} for t in well_formed] if nested else well_formed
+        answer = ask("POST", f"{path}/infer", _json_body({"id": _REQUEST_ID, "inputs": sent}))
         endpoint = f"{infer} ({types}, {form})"
         if rules.status(endpoint, answer):
             rules.json_object(endpoint, "model_name, id and outputs (data fills shape)", answer, _infer_response(model))
@@ -401,6 +411,21 @@ def check(url: str, model: str | None = None, *, timeout: float = 10.0) -> V2Rep
     body = {"inputs": well_formed or [{"name": "input-0", "shape": [1], "datatype": "FP32", "data": [0.5]}]}
     rules.refused(f"POST {unknown}/infer", "unknown model", ask("POST", f"{unknown}/infer", _json_body(body)))
     return report
+
+
+def _check_inputs(inputs: Any) -> None:
+    """``inputs`` are v2 request inputs whose data fills their shape."""
+    problems = [] if isinstance(inputs, list) and inputs else ["expected a non-empty list"]
+    for i, tensor in enumerate(inputs if not problems else []):
+        found = _tensor_problems(tensor, f"inputs[{i}]", concrete=True)
+        if not found and math.prod(tensor["shape"]) != len(_flat(tensor.get("data", []))):
+            found.append(f"inputs[{i}] shape {tensor['shape']} needs {math.prod(tensor['shape'])} values in data")
+        problems += found
+    if problems:
+        raise HandlerkitError(
+            f"expected v2 request inputs ({{name, shape, datatype, data}} each): {'; '.join(problems)}",
+            fix='give a list like [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": ["..."]}]',
+        )
 
 
 def _discover(ask: _Client, url: str) -> tuple[str, str]:
