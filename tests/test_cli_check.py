@@ -68,3 +68,10 @@ def test_inputs_from_a_file_and_a_file_that_is_no_json(capsys, tmp_path):
     assert code == 2 and f"--inputs {tmp_path / 'bad.json'}: expected a JSON file of v2 inputs" in err
     code, _, err = cli(capsys, "check", "fixtures/models/image_classifier", "x.png", "--inputs", str(request))
     assert code == 2 and "--inputs JSON is for a served model: it needs --protocol v2 URL" in err
+
+
+def test_help_says_the_positional_is_a_url_under_protocol_v2(capsys):
+    code, out, _ = cli(capsys, "check", "--help")
+    assert code == 0
+    assert "MODEL [FILES ...]" in out and "--protocol {v2}" in out and "--model NAME" in out
+    assert "with --protocol v2, a server's URL" in " ".join(out.split())

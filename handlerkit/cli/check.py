@@ -35,6 +35,9 @@ DESCRIPTION = (
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
     parser = model_command(commands, parents, "check", HELP, DESCRIPTION, command, files="*")
+    for action in parser._actions:  # argparse has no public way to reword a shared positional's help
+        if action.dest == "model":
+            action.help = "a model dir (an unpacked .mar) or a .mar file; with --protocol v2, a server's URL"
     tolerance = parser.add_argument_group("tolerance (batch parity)")
     tolerance.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default: 1e-4)")
     tolerance.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default: 1e-4)")
