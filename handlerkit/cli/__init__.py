@@ -4,7 +4,8 @@
 stage; ``new`` writes a handler of your own (a model dir, its tests, a notebook). ``run``,
 ``check``, ``time``, ``compile`` and ``formats`` take ``MODEL FILES...`` (a model dir or a ``.mar``; one
 request per file), ``manifest`` writes a model dir's manifest, ``archive`` builds a ``.mar`` and
-``inspect`` says what is in one. One module per subcommand; each defines ``add_parser`` and a
+``inspect`` says what is in one; ``check --protocol v2 URL`` checks a running server against the
+Open Inference Protocol v2 instead. One module per subcommand; each defines ``add_parser`` and a
 ``command`` returning an :class:`~handlerkit.cli._common.Outcome`. Their heavy imports (torch,
 the harness) happen inside ``command``, so ``handlerkit --help`` imports only the standard
 library and stays fast.
