@@ -165,4 +165,28 @@ def test_each_requests_answers_and_chunks_and_the_pictures():
     assert "'<2>'" in steps and "c2" in steps  # a step's answer and its chunks, per request
     assert stepper.text("picture").startswith("<Figure size")  # hk.show(seqs)
     state = stepper.text("state")
-    assert state.startswith("context.cache after step 3") and "<Figure size" in state
+    assert state.startswith("context.cache after step 3") and "<Figure size" not in state
+    stepper.draw_state.value = True  # the state drawn as hk.show draws it
+    assert stepper.text("state").startswith(state) and "<Figure size" in stepper.text("state")
+
+
+def test_a_state_holding_tensors_shows_their_summaries_and_the_rest_as_it_is():
+    torch = pytest.importorskip("torch")
+
+    def generating(data, context):
+        if data is None:
+            context.cache = {}
+            return None
+        for idx in range(len(data)):
+            entry = context.cache.setdefault(context.get_sequence_id(idx), {"state": torch.zeros(1, 1, 8), "text": ""})
+            entry["text"] += "x"
+        return ["x"] * len(data)
+
+    seqs = Sequences(hk.Harness(generating), continuous=True)
+    stepper = hk.Stepper(seqs, pictures=False)
+    stepper.send("a")
+    stepper.step()
+    state = " ".join(stepper.text("state").split())
+    sequence_id = seqs.jobs[0].sequence_id
+    assert f"{sequence_id} dict(2 keys) 'state': Tensor[1, 1, 8] float32 cpu n=8 (32 B) min=0 max=0" in state
+    assert state.endswith("all zeros; 'text': x")

@@ -14,8 +14,8 @@ they left off::
 Its panes: a row per step (the batch that ran: who joined, who was called again because its
 answer said ``ts_stream_next: true``, who finished or was cancelled; each answer and the chunks
 sent), each request with its state, answers and chunks, the handler's state after a chosen step
-(the step's copy of ``context.cache``, as a table and as ``hk.show`` draws it) and the per-step
-batches drawn by ``hk.show(seqs)``. TorchServe has no end or cancel of its own: a handler reads
+(the step's copy of ``context.cache`` as a table, its tensors summarised; drawn by ``hk.show``
+too when ``draw_state`` is ticked) and the per-step batches drawn by ``hk.show(seqs)``. TorchServe has no end or cancel of its own: a handler reads
 a request as one (its example takes ``0`` and ``-1``), so the end and cancel buttons send the
 requests given as ``end=`` and ``cancel=`` into the chosen sequence and run a step. A failure is
 shown in the message pane with its fix, never raised: the widget lives in callbacks.
@@ -50,8 +50,7 @@ class SequenceStepper:
         request: makes a request from the text box's value (default ``hk.Request.text``).
         end / cancel: the requests the handler reads as ending / cancelling a sequence, or None
             (their buttons are then disabled).
-        pictures: draw the handler's state and the per-step batches with ``hk.show``
-            (needs matplotlib).
+        pictures: draw the per-step batches with ``hk.show`` (needs matplotlib).
 
     Attributes:
         body: the ``Text`` box the next request is made from; ``target``: a ``Dropdown`` of
@@ -60,6 +59,9 @@ class SequenceStepper:
             (queued for the next step), run one step, run to the end (``seqs.run()``), end or
             cancel the chosen sequence.
         step_picker: a ``Dropdown`` of the steps; the state pane shows the handler's state after it.
+        draw_state: a ``Checkbox``: the state pane draws that state with ``hk.show`` too (off at
+            first: a picture of a cache of tensors takes about half a second on two cores,
+            at every step).
         outputs: pane name (``message``, ``steps``, ``requests``, ``state``, ``picture``) →
             ``Output``; :meth:`text` reads one as text.
         widget: the root widget (what a notebook cell displays).
@@ -107,6 +109,8 @@ class SequenceStepper:
         self.cancel_button.on_click(lambda _b: self.cancel())
         self.step_picker = w.Dropdown(options=[], description="state after")
         self.step_picker.observe(lambda _change: self._draw_state(), names="value")
+        self.draw_state = w.Checkbox(value=False, description="draw it (hk.show)", indent=False)
+        self.draw_state.observe(lambda _change: self._draw_state(), names="value")
         self.outputs = {name: w.Output() for name in PANES}
         seqs = self.sequences
         mode = "continuous batching" if seqs.continuous else "sequence batching"
@@ -123,7 +127,7 @@ class SequenceStepper:
                 self.outputs["steps"],
                 w.HTML("<b>requests</b>"),
                 self.outputs["requests"],
-                self.step_picker,
+                w.HBox([self.step_picker, self.draw_state]),
                 self.outputs["state"],
                 self.outputs["picture"],
             ]
@@ -255,7 +259,7 @@ class SequenceStepper:
             return
         step = self.sequences.steps[index]
         outs = [_state_output(step)]
-        if self.pictures and step.cache:
+        if self.draw_state.value and step.cache:
             outs.append(self._picture(step.cache))
         self.outputs["state"].outputs = tuple(outs)
 
@@ -303,9 +307,13 @@ def _state_output(step: Step) -> dict[str, Any]:
 
 
 def _value(value: Any) -> str:
-    if any(True for _ in iter_tensors(value)):
-        return summary(value).replace("\n", "; ")
-    return _short(value, 400)
+    """A value as text: itself when it holds no tensor, else each tensor's one-line summary
+    (a dict's keys one by one, so the rest of an entry such as its text stays readable)."""
+    if not any(True for _ in iter_tensors(value)):
+        return _short(value, 400)
+    if isinstance(value, dict):
+        return "; ".join(f"{key!r}: {_value(item)}" for key, item in value.items())
+    return summary(value).replace("\n", "; ")
 
 
 def _answers(answers: list[Any]) -> Any:
