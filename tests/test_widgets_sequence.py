@@ -58,6 +58,12 @@ def test_stepper_of_sequences_is_their_stepper_and_its_buttons_follow_what_can_r
     state = stepper.text("state")  # the handler's context.cache after step 0
     assert state.startswith("context.cache after step 0")
     assert job.sequence_id in state and "{'cancel': False, 'end': False, 'requests': 0}" in state
+    assert stepper.end_button.tooltip == "send {'body': '0'} as the end of the chosen sequence, then run a step"
+
+    type_and_send(stepper, "4")  # chosen for you: the sequence sent to last
+    stepper.target.value = "new sequence"  # your own choice stays over the next steps
+    stepper.step_button.click()
+    assert stepper.target.value == "new sequence" and job.sequence_id in stepper.target.options
 
 
 def test_a_stream_runs_on_then_cancel_marks_it_and_end_closes_the_sequence(seqs):

@@ -137,7 +137,7 @@ class SequenceStepper:
     def _tooltip(what: str, request: Request | None) -> str:
         if request is None:
             return f"pass {what}=hk.Request... : the request the handler reads as the {what} of a sequence"
-        return f"send {describe(request.data())} as the {what} of the chosen sequence, then run a step"
+        return f"send {_short(request.data(), 60)} as the {what} of the chosen sequence, then run a step"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
@@ -226,6 +226,7 @@ class SequenceStepper:
         seqs = self.sequences
         open_ids = list(seqs.sequences)
         keep = self._chosen if self._chosen in open_ids else self.target.value
+        self._chosen = None  # once: later the person's own choice stays
         self.target.options = [NEW, *open_ids]
         self.target.value = keep if keep in open_ids else NEW
         shown = seqs.steps[-MAX_STEPS:]
