@@ -66,7 +66,9 @@ from handlerkit.streaming import Chunk, final_stream_next
 
 __all__ = ["Job", "Sequence", "Sequences", "Step"]
 
-JobState = Literal["queued", "running", "done", "failed", "dropped"]
+JobState = Literal["queued", "running", "done", "cancelled", "failed", "dropped"]
+#: What became of a request in one step (:meth:`Step.state_of`), as the step pictures colour it.
+StepState = Literal["joined", "running", "finished", "cancelled", "failed"]
 
 
 @dataclass(eq=False)
@@ -77,7 +79,9 @@ class Job:
         request: the request as the worker first receives it (sequence headers included).
         sequence_id: its sequence.
         state: ``queued``, ``running`` (answered unfinished: called again next step), ``done``,
+            ``cancelled`` (it left in the step that ran its sequence's cancel request),
             ``failed`` (its batch failed) or ``dropped`` (its sequence ended before it ran).
+        cancels: it is its sequence's cancel request (sent with :meth:`Sequence.cancel`).
         steps: the steps it was in.
         answers: its answer of each of those steps (what ``handle`` returned for it).
         chunks: the intermediate chunks sent for it, in all its steps.
@@ -91,6 +95,7 @@ class Job:
     answers: list[Any] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
+    cancels: bool = False
 
     @property
     def request_id(self) -> str:
@@ -124,6 +129,14 @@ class Sequence:
         """Queue ``request`` in this sequence (it runs in a later step)."""
         return self._owner.send(request, sequence_id=self.id)
 
+    def cancel(self, request: Request) -> Job:
+        """Queue ``request`` as this sequence's cancel. TorchServe has no cancel of its own: the
+        handler reads a request as one (its example takes ``-1``) and its stopping criteria end
+        the sequence's running streams; those leaving in that step are marked ``cancelled``."""
+        job = self.send(request)
+        job.cancels = True
+        return job
+
     @property
     def answers(self) -> list[Any]:
         """Each request's last answer, in the order sent (None for one not answered)."""
@@ -145,7 +158,8 @@ class Step(Rendered):
         answers: each request's answer, in batch order (empty when the batch failed).
         headers: each request's response headers, as the frontend reads them (``ts_stream_next``
             as the worker sets it; empty when the batch failed).
-        left: those finished after it; ``ended``: sequences it closed.
+        left: those finished after it (``cancelled``: those of them its sequence's cancel
+            request ended); ``ended``: sequences it closed.
         run: the Harness's :class:`~handlerkit.results.Run` (None when the batch failed).
         cache: a copy of ``context.cache`` after it (dicts and lists copied, other values shared).
         error: the failure that ended the whole batch, else None.
@@ -160,6 +174,7 @@ class Step(Rendered):
     headers: list[dict[str, str]] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
     run: Run | None = None
     cache: Any = None
     error: BaseException | None = None
@@ -169,19 +184,40 @@ class Step(Rendered):
         failed = f", failed: {str(self.error).splitlines()[0]}" if self.error is not None else ""
         return f"step {self.index}: {len(self.request_ids)} requests ({how}){failed}"
 
+    def state_of(self, request_id: str) -> StepState:
+        """What became of ``request_id`` in this step: ``failed`` (the batch failed),
+        ``cancelled``, ``finished`` (it left), ``joined`` (sent for the first time, it stays) or
+        ``running`` (called again, it stays)."""
+        if request_id not in self.request_ids:
+            raise KeyError(f"request {request_id} was not in step {self.index} (its requests: {self.request_ids})")
+        if self.error is not None:
+            return "failed"
+        if request_id in self.cancelled:
+            return "cancelled"
+        if request_id in self.left:
+            return "finished"
+        return "joined" if request_id in self.joined else "running"
+
+    def chunks_of(self, request_id: str) -> list[Chunk]:
+        """The chunks sent for ``request_id`` in this step."""
+        index = self.request_ids.index(request_id)
+        return [c for c in self.run.chunks if c.index == index] if self.run is not None else []
+
     def _tables(self) -> list[Table]:
         answers = self.answers or [None] * len(self.request_ids)
+        then = {"joined": "runs on", "running": "runs on", "finished": "left"}
         rows = [
             (
                 rid[:8],
                 seq,
                 "joined" if rid in self.joined else "continued",
                 _short(answer),
-                "left" if rid in self.left else "runs on",
+                _short("".join(c.text for c in sent)) if (sent := self.chunks_of(rid)) else "",
+                then.get(state := self.state_of(rid), state),
             )
             for rid, seq, answer in zip(self.request_ids, self.sequence_ids, answers, strict=True)
         ]
-        return [Table(("request", "sequence", "came", "answer", "then"), rows)]
+        return [Table(("request", "sequence", "came", "answer", "chunks", "then"), rows)]
 
     def _notes(self) -> list[str]:
         return [f"ended sequence {s}" for s in self.ended]
@@ -384,6 +420,11 @@ class Sequences:
             else:
                 job.state = "done"
                 step.left.append(job.request_id)
+        cancelling = {j.sequence_id for j in jobs if j.cancels}
+        for job in jobs:
+            if job.sequence_id in cancelling and not job.cancels and job.state == "done":
+                job.state = "cancelled"
+                step.cancelled.append(job.request_id)
         self._running = still
         for sequence_id in step.ended:
             sequence = self.sequences.pop(sequence_id, None)

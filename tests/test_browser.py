@@ -1,4 +1,5 @@
-"""The Stepper in a real browser: JupyterLab, headless Chromium driven by Selenium.
+"""The Stepper in a real browser (over a Harness, and over hk.Sequences): JupyterLab, headless
+Chromium driven by Selenium.
 
 The Python tests (test_widgets.py) prove what the buttons do to the harness; only a browser
 proves the widget reaches the page: the notebook runs in a real kernel, the preprocess button
@@ -75,31 +76,57 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_notebook(path: Path) -> None:
+STAGE_STEPPER = "\n".join([
+    "import handlerkit as hk",
+    "from handlerkit.widgets import Stepper",
+    "",
+    f"ctx = hk.MockContext.from_model_dir({str(MODEL_DIR)!r})",
+    'h = hk.Harness("image_classifier", ctx)',
+    "h.initialize()",
+    f"stepper = Stepper(h, hk.batch(hk.Request.from_file({str(IMAGE)!r})))",
+    "stepper",
+])
+
+# A running sum per sequence; a request stays for a second step when its number is odd.
+SEQUENCE_STEPPER = """
+import handlerkit as hk
+
+
+def handle(data, context):
+    if data is None:
+        context.cache = {}
+        return None
+    answers = []
+    for idx, row in enumerate(data):
+        key = context.get_sequence_id(idx)
+        if row:  # a request called again comes back with an empty row
+            context.cache[key] = context.cache.get(key, 0) + int(row["body"])
+        answers.append(context.cache[key])
+    context.stopping_criteria = [lambda answer, row=row: not row or int(row["body"]) % 2 == 0 for row in data]
+    return answers
+
+
+stepper = hk.Stepper(hk.Sequences(hk.Harness(handle), continuous=True), pictures=False)
+stepper
+"""
+
+
+def _write_notebook(path: Path, source: str) -> None:
     import nbformat
 
-    source = "\n".join([
-        "import handlerkit as hk",
-        "from handlerkit.widgets import Stepper",
-        "",
-        f"ctx = hk.MockContext.from_model_dir({str(MODEL_DIR)!r})",
-        'h = hk.Harness("image_classifier", ctx)',
-        "h.initialize()",
-        f"stepper = Stepper(h, hk.batch(hk.Request.from_file({str(IMAGE)!r})))",
-        "stepper",
-    ])
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
 
 
 @contextlib.contextmanager
-def _jupyter_lab(tmp: Path, deadline: float) -> Iterator[str]:
+def _jupyter_lab(tmp: Path, deadline: float, source: str = STAGE_STEPPER) -> Iterator[str]:
     """``jupyter lab`` on loopback with no token, its config, data and runtime in ``tmp``;
-    yields its URL once ``/api/status`` answers. Kernels and server are gone afterwards."""
+    yields its URL once ``/api/status`` answers; ``stepper.ipynb`` holds one cell, ``source``.
+    Kernels and server are gone afterwards."""
     root = tmp / "root"
     root.mkdir()
-    _write_notebook(root / "stepper.ipynb")
+    _write_notebook(root / "stepper.ipynb", source)
     env = dict(os.environ)
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
         env[name] = str(tmp / name.lower())
@@ -250,3 +277,41 @@ def test_the_preprocess_button_shows_its_result_in_jupyterlab(tmp_path):
             driver.quit()
     marks["all done"] = time.monotonic()
     print("browser test: " + ", ".join(f"{k} {t - started:.1f} s" for k, t in marks.items()))  # with -s
+
+
+def test_the_sequence_steppers_buttons_show_each_step_in_jupyterlab(tmp_path):
+    """hk.Stepper(seqs): a request typed in the page and sent, then two steps clicked: the
+    steps' rows (joined, then called again and left) appear in the page."""
+    _require_browser()
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + DEADLINE_S
+    with _jupyter_lab(tmp_path, deadline, SEQUENCE_STEPPER) as url:
+        driver = _chrome(tmp_path, deadline)
+        try:
+            driver.get(f"{url}/lab/tree/stepper.ipynb")
+            _wait(driver, lambda d: d.execute_script(KERNEL_READY), "the notebook and its kernel", deadline)
+            driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells');")
+            box = _wait(driver, lambda d: (d.find_elements(By.CSS_SELECTOR, ".widget-text input") or [None])[0],
+                        "the request box", deadline)
+            assert driver.find_elements(By.XPATH, "//button[normalize-space()='step' and @disabled]"), (
+                "step must wait for a request")
+            box.send_keys("3")
+
+            def click(name: str) -> None:
+                path = f"//button[normalize-space()='{name}' and not(@disabled)]"
+                _wait(driver, lambda d: (d.find_elements(By.XPATH, path) or [None])[0], f"the {name} button",
+                      deadline).click()
+
+            def page_shows(*texts: str):
+                return lambda d: all(t in (d.execute_script("return document.body.innerText") or "") for t in texts)
+
+            click("send")
+            _wait(driver, page_shows("it runs in the next step"), "the queued request's message", deadline)
+            click("step")
+            _wait(driver, page_shows("step 0: 1 requests (1 joined, 0 continued, 0 left)"), "step 0's row", deadline)
+            click("step")
+            _wait(driver, page_shows("step 1: 1 requests (0 joined, 1 continued, 1 left)", "context.cache after step 1"),
+                  "step 1's row and the state after it", deadline)
+        finally:
+            driver.quit()

@@ -230,3 +230,34 @@ def test_a_handlers_warning_is_shown_once_across_the_steps():
         steps = seqs.run()
     assert len(steps) == 3 and all(step.run.problems for step in steps)  # each step keeps its problems
     assert len([w for w in said if "never called preprocess" in str(w.message)]) == 1
+
+
+def test_a_cancel_request_marks_the_streams_it_ends_cancelled_in_its_step(streaming):
+    seqs = Sequences(streaming)
+    a = seqs.start(text(2))
+    b = seqs.start(text(4))
+    seqs.step()
+    odd, other = a.send(text(5)), b.send(text(7))
+    streamed = seqs.step()
+    assert [streamed.state_of(j.request_id) for j in (odd, other)] == ["joined", "joined"]
+    cancel = a.cancel(text(-1))
+    step = seqs.step()
+    assert cancel.cancels and step.cancelled == [odd.request_id]  # b's stream runs on
+    assert [step.state_of(j.request_id) for j in (odd, other, cancel)] == ["cancelled", "running", "finished"]
+    assert (odd.state, cancel.state, other.state) == ("cancelled", "done", "running")
+    assert "cancelled" in str(step) and "runs on" in str(step)
+    with pytest.raises(KeyError, match=r"was not in step 2 \(its requests"):
+        step.state_of(a.jobs[0].request_id)
+
+
+def test_a_failed_step_marks_every_request_failed():
+    def broken(data, context):
+        if data is None:
+            return None
+        raise ValueError("no")
+
+    seqs = Sequences(hk.Harness(broken), continuous=True)
+    job = seqs.start(text(1)).jobs[0]
+    with pytest.raises(hk.HandlerkitError):
+        seqs.step()
+    assert seqs.steps[0].state_of(job.request_id) == "failed" and job.state == "failed"

@@ -4,7 +4,7 @@
 or any stage value (a tensor, an array, bytes, text, JSON, a list / dict of them), picks the
 picture from what the data is (images, a feature table's values, signals as lines, token
 tables, a model's class scores as bars, JSON as a table, image bytes decoded, a streamed run's
-chunks on a timeline; a summary card saying why when nothing fits), and returns a matplotlib
+chunks on a timeline, a sequence's steps as requests × steps; a summary card saying why when nothing fits), and returns a matplotlib
 ``Figure`` (Jupyter displays it; nothing is shown behind your back, and pyplot is not used). The handler that produced a result
 (``.source``) supplies what the pictures need: the mean and std of its ``Normalize`` transform
 (images are de-normalised), its label ``mapping`` (a model output's bars and legends) and its
@@ -20,7 +20,7 @@ overlays when the object does not carry one.
    dicts), ``lines`` (signals), ``histogram``, ``overlays`` (masks and boxes on the input
    image), ``tokens`` (token tables), ``tables`` (JSON-like values), ``cards`` (text: a
    summary saying why there is no picture, a failed stage's error), ``chunks`` (a streamed
-   run's chunk timeline); ``panel`` holds what they share (``Panel``, the bounds);
+   run's chunk timeline), ``steps`` (``hk.Sequences``' per-step batches); ``panel`` holds what they share (``Panel``, the bounds);
 4. ``draw``: the panels as one matplotlib ``Figure``, displayed as PNG in Jupyter.
 """
 
@@ -42,9 +42,9 @@ def show(
     """The picture of `obj`, as a matplotlib ``Figure``.
 
     Args:
-        obj: a StageResult, a Run, or a stage value: a tensor (or numpy array), bytes, text,
-            JSON-like data, or a list / dict of them. A value without a picture is drawn as
-            its summary card, whose last line says why.
+        obj: a StageResult, a Run, ``hk.Sequences`` (or a list of its steps), or a stage
+            value: a tensor (or numpy array), bytes, text, JSON-like data, or a list / dict of
+            them. A value without a picture is drawn as its summary card, whose last line says why.
         handler: the handler whose transforms, ``mapping`` and vocabulary the picture uses
             (default: ``obj.source``, the handler that produced it); a Harness works too.
         image: the input image batch ``[N, C, H, W]`` for segmentation and detection overlays

@@ -43,7 +43,8 @@ probability}`` dicts as bars; EmbeddingBag input (ids + offsets) as a token tabl
 same-sized images as one batch; JSON-like values (strings, lists of dicts, ragged lists: what a
 postprocess answers) as a table; other lists and dicts one panel per item (at most six). A Run
 shows its chunk timeline first when it streamed (``chunks``), then one panel per stage; a failed
-stage shows its error and fix. Anything else is a summary card whose last line says why there
+stage shows its error and fix. ``hk.Sequences`` (or a list of its steps) shows its per-step
+batches, requests × steps. Anything else is a summary card whose last line says why there
 is no picture.
 """
 
@@ -56,6 +57,7 @@ from typing import Any
 import torch
 
 from handlerkit.results import Run, StageResult
+from handlerkit.sequences import Sequences, Step
 from handlerkit.summaries import describe, no_values, tensor_head
 from handlerkit.viz.bars import bars_panel, dict_bars_panel, values_panel
 from handlerkit.viz.cards import card, error_card, summary_card
@@ -66,6 +68,7 @@ from handlerkit.viz.images import encoded_images_panel, features_panel, heatmap_
 from handlerkit.viz.lines import MAX_LINES, lines_panel
 from handlerkit.viz.overlays import detections_panel, segmentation_panel
 from handlerkit.viz.panel import Context, Panel
+from handlerkit.viz.steps import steps_panel
 from handlerkit.viz.tables import json_table_panel
 from handlerkit.viz.tokens import tokens_panel
 
@@ -93,6 +96,8 @@ def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5
         return panels or [summary_card(label, obj.output, _why(obj.output))]
     if isinstance(obj, Run):
         return _run_panels(obj, context)
+    if isinstance(obj, Sequences) or (isinstance(obj, list) and obj and all(isinstance(s, Step) for s in obj)):
+        return [steps_panel(obj)]
     return _value_panels(obj, context(None, None), "") or [summary_card(describe(obj), obj, _why(obj))]
 
 

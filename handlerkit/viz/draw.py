@@ -227,6 +227,36 @@ def _timeline(data: dict[str, Any], where: Any) -> None:
         ax.spines[side].set_visible(False)
 
 
+_STEP_COLOURS = {
+    "joined": "#9ecae1",
+    "running": "#3182bd",
+    "finished": "#31a354",
+    "cancelled": "#fd8d3c",
+    "failed": "#d62728",
+}
+
+
+def _steps(data: dict[str, Any], where: Any) -> None:
+    """A row per request, a square per step it was in, coloured by what became of it there
+    (each state's squares one artist whose gid is the state's name)."""
+    ax = where.add_subplot()
+    labels = data["labels"]
+    for state, cells in data["cells"].items():
+        if cells:
+            xs, ys = zip(*cells, strict=True)
+            ax.scatter(xs, ys, marker="s", s=40, color=_STEP_COLOURS[state], gid=state, label=state)
+    first, last = data["steps"]
+    ax.set_xlim(first - 0.7, last + 0.7)
+    ax.set_yticks(range(len(labels)), [_t(label) for label in labels])
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlabel(_t(data["xlabel"]))
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    if any(data["cells"].values()):
+        where.legend(loc="outside right upper", fontsize=6, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
 _KINDS = {
     "card": _card,
     "images": _image,
@@ -238,6 +268,7 @@ _KINDS = {
     "lines": _lines,
     "table": _table,
     "timeline": _timeline,
+    "steps": _steps,
 }
 
 

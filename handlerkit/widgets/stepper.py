@@ -12,8 +12,9 @@ where the buttons left off. The panes are redrawn from ``h.results``, never from
 
 A stage's button is enabled once the stage before it succeeded. A failing stage shows its
 error and fix in its pane and disables the stages after it; the Stepper stays usable (fix
-the handler, ``h.reload()``, click again). Needs the ``[notebook]`` extra (ipywidgets;
-pictures need matplotlib).
+the handler, ``h.reload()``, click again). ``hk.Stepper(seqs)`` on ``hk.Sequences`` steps a
+sequence instead (:mod:`~handlerkit.widgets.sequence`). Needs the ``[notebook]`` extra
+(ipywidgets; pictures need matplotlib).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from handlerkit._optional import require
 from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
 from handlerkit.requests import Request
+from handlerkit.sequences import Sequences
 from handlerkit.widgets import panes
 from handlerkit.widgets.live import LivePanes
+from handlerkit.widgets.sequence import SequenceStepper
 
 __all__ = ["Stepper"]
 
@@ -62,6 +65,12 @@ class Stepper:
     For a function handler (or one without stage methods) there is one ``handle`` button in
     place of the three stages: it runs ``h.run(batch)``, as TorchServe's worker would.
     """
+
+    def __new__(cls, harness: Any, *args: Any, **kwargs: Any) -> Any:
+        """``hk.Stepper(seqs, ...)`` on ``hk.Sequences`` is its steps' Stepper (:mod:`~handlerkit.widgets.sequence`)."""
+        if isinstance(harness, Sequences):
+            return SequenceStepper(harness, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, harness: Any, batch: Any = None, *, pictures: bool = True) -> None:
         self._w = require("ipywidgets", feature="hk.Stepper", extra="notebook")
