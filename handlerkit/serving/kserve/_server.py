@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from handlerkit.errors import HandlerkitError
 
@@ -170,9 +169,9 @@ def main(argv: list[str] | None = None) -> None:
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
     from kserve.protocol.rest.server import RESTServer
 
-    from handlerkit.serving.kserve import model
+    from handlerkit.serving.kserve._model import HandlerModel
 
-    served: Any = model(args.model, handler=args.handler, name=args.name, working_dir="process")
+    served = HandlerModel(args.model, handler=args.handler, name=args.name, working_dir="process")
     served.load()  # initialize once; a handler that fails to load ends the process with its error
     server = kserve.ModelServer(http_port=args.port, enable_grpc=False, enable_latency_logging=False)
     server.register_model(served)
