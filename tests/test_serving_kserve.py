@@ -328,3 +328,39 @@ def test_same_answers_as_torchserve_with_the_kservev2_envelope(server: KServeSer
             assert ours == theirs, f"{label}: KServe adapter {ours!r:.300} != TorchServe {theirs!r:.300}"
     finally:
         ts.stop()
+
+
+def test_the_server_stops_when_its_owner_dies(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "from handlerkit.serving.kserve import start\n"
+        f"server = start({str(MODEL_DIR)!r}, timeout=120)\n"
+        "print(server.process.pid, flush=True)\n"
+        "import time; time.sleep(300)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(owner.stdout.readline())  # type: ignore[union-attr]
+    finally:
+        owner.send_signal(signal.SIGKILL)  # no clean-up code runs in the owner
+        owner.wait(timeout=10)
+        owner.stdout.close()  # type: ignore[union-attr]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        time.sleep(0.2)
+    alive = Path(f"/proc/{child}").exists() and "Z" not in _state(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the KServe server outlived the process that started it"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,8 +55,9 @@ class KServeServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
 
     def __enter__(self) -> KServeServer:
         return self
@@ -103,7 +105,9 @@ def start(
     cmd += ["--handler", handler] if handler else []
     cmd += ["--name", name] if name else []
     with open(log_path, "ab") as err:
-        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
+        # The child's stdin is a pipe only this process writes to: when this process ends, however
+        # it ends, the child reads end-of-file and stops (see main), so no server outlives its owner.
+        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     try:
         line = process.stdout.readline() if process.stdout is not None else ""  # the child's first line
@@ -185,11 +189,21 @@ def main(argv: list[str] | None = None) -> None:
         sock.getsockname()[1],
         grace_period=5,
     )
+    threading.Thread(target=_stop_with_the_parent, name="handlerkit-parent-watch", daemon=True).start()
     print(_READY + json.dumps({"port": sock.getsockname()[1], "name": served.name}), flush=True)
     try:
         rest.run(sockets=[sock])  # uvicorn: serves until SIGTERM/SIGINT
     finally:
         served.stop()
+
+
+def _stop_with_the_parent() -> None:
+    """SIGTERM this server once the parent's end of stdin closes (the parent stopped or died)."""
+    try:
+        sys.stdin.buffer.read()
+    except (OSError, ValueError):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":
