@@ -57,6 +57,8 @@ class Tabular:
         for item in data:
             rows = item["data"] if isinstance(item, dict) else [item]
             values = [float(x) for row in rows for x in row]
+            if -1 in values:
+                raise ValueError("a row asks to fail")
             if not values:
                 context.set_response_status(422, "no values", 0)
                 return [{"error": "an empty row"}]
@@ -261,6 +263,19 @@ def test_tabular_handler_through_v1_and_v2(tabular: KServeServer) -> None:
     # The handler's own per-request status.
     status, _, raw = _post(tabular.port, "/v1/models/numbers:predict", {"instances": [[]]})
     assert status == 422 and json.loads(raw) == {"predictions": [{"error": "an empty row"}]}
+
+
+def test_a_handler_that_raises_gets_torchserves_503_and_its_stage_error_in_the_log(tabular: KServeServer) -> None:
+    status, _, raw = _post(tabular.port, "/v1/models/numbers:predict", {"instances": [[1, -1]]})
+    assert (status, json.loads(raw)) == (503, {"code": 503, "type": "InternalServerException", "message": "Prediction failed"})
+    status, _, raw = _post(tabular.port, "/v2/models/numbers/infer",
+                           {"inputs": [{"name": "t", "shape": [1, 1], "datatype": "INT64", "data": [-1]}]})  # fmt: skip
+    assert status == 503 and json.loads(raw)["message"] == "Prediction failed"
+    log = tabular.log.read_text()
+    assert log.count('numbers answered 503 "Prediction failed" to request') == 2, log[-3000:]
+    assert "ValueError: a row asks to fail" in log and "tabular.py:11: raise ValueError" in log, log[-3000:]
+    status, _, raw = _post(tabular.port, "/v1/models/numbers:predict", {"instances": [[7]]})  # the next one works
+    assert status == 200 and json.loads(raw)["predictions"][0]["sum"] == 7.0
 
 
 def test_model_is_a_kserve_model_that_loads_once() -> None:

@@ -20,7 +20,9 @@ from kserve.protocol.infer_type import InferRequest
 from handlerkit.context import MockContext
 from handlerkit.envelopes import wrap
 from handlerkit.errors import HandlerkitError
+from handlerkit.recording.failures import handler_files
 from handlerkit.service import Service, WorkingDir
+from handlerkit.serving._failures import batch_failure, logger
 from handlerkit.serving._http import Reply, replies, to_request, worker_error, worker_failure
 
 __all__ = ["HandlerModel", "HandlerReply"]
@@ -59,6 +61,7 @@ class HandlerModel(kserve.Model):
         self._working_dir: WorkingDir = working_dir
         self.service: Service | None = None
         self._entries: dict[str, Any] = {}
+        self._files: frozenset[str] | None = None  # the handler's source files, read at the first failure
         # One thread: one handle() at a time, as one TorchServe worker; the event loop stays free.
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="handlerkit-kserve")
 
@@ -127,8 +130,21 @@ class HandlerModel(kserve.Model):
             with service.running("handle"):
                 output = self._entries[protocol](batch.data, service.context)
         except Exception as exc:
-            return worker_error(*worker_failure(exc))
+            code, message = worker_failure(exc)
+            self._log_failure(service, batch, exc, f'{code} "{message}"')
+            return worker_error(code, message)
         return replies(output, service.context, 1)[0]
+
+    def _log_failure(self, service: Service, batch: Any, exc: BaseException, answer: str) -> None:
+        """Log the request's StageError (stage, ``file:line``, fix) to the ``handlerkit.serving`` logger."""
+        try:
+            if self._files is None:
+                self._files = handler_files(service.function or service.handler)
+            error: Any = batch_failure(service, batch, exc, self._files)
+        except Exception as failed:  # telling the failure must never cost the request its answer
+            error = f"{type(exc).__name__}: {exc} (not attributed to a stage: {type(failed).__name__}: {failed})"
+        rid = batch.requests[0].request_id if batch.requests else "?"
+        logger.error("%s answered %s to request %s:\n%s", self.name, answer, rid, error)
 
 
 def _body(payload: Any) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -101,7 +102,9 @@ def start(
         raise TypeError(f"a served handler is a spec string (the server is another process): got {handler!r}")
     path = os.path.abspath(os.fspath(model))
     log_path = Path(log) if log is not None else Path(tempfile.mkstemp(prefix="handlerkit-kserve-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "handlerkit.serving.kserve._server", path, "--port", str(port)]
+    # -c, not -m: the package's __init__ imports this module, and runpy warns about running it again.
+    cmd = [sys.executable, "-c", "from handlerkit.serving.kserve._server import main; main()", path]
+    cmd += ["--port", str(port)]
     cmd += ["--handler", handler] if handler else []
     cmd += ["--name", name] if name else []
     with open(log_path, "ab") as err:
@@ -162,7 +165,7 @@ def _failed(message: str, log: Path) -> HandlerkitError:
 
 def main(argv: list[str] | None = None) -> None:
     """The child: load the model, bind 127.0.0.1:PORT, report it on stdout, serve until SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m handlerkit.serving.kserve._server")
+    parser = argparse.ArgumentParser(prog="handlerkit.serving.kserve._server")
     parser.add_argument("model")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--handler")
@@ -173,8 +176,13 @@ def main(argv: list[str] | None = None) -> None:
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
     from kserve.protocol.rest.server import RESTServer
 
+    from handlerkit.serving._failures import logger
     from handlerkit.serving.kserve._model import HandlerModel
 
+    handler = logging.StreamHandler()  # to the server's log (its stderr): a failed request's StageError
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
     served = HandlerModel(args.model, handler=args.handler, name=args.name, working_dir="process")
     served.load()  # initialize once; a handler that fails to load ends the process with its error
     server = kserve.ModelServer(http_port=args.port, enable_grpc=False, enable_latency_logging=False)
@@ -204,7 +212,3 @@ def _stop_with_the_parent() -> None:
     except (OSError, ValueError):
         pass
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-if __name__ == "__main__":
-    main()
