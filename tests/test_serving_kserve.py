@@ -290,6 +290,14 @@ def test_model_is_a_kserve_model_that_loads_once() -> None:
     assert not served.ready and served.service is None
 
 
+def test_a_model_never_loaded_still_removes_its_unpacked_archive(mar: Path) -> None:
+    served = model(mar)
+    unpacked = Path(served.context.system_properties["model_dir"])
+    assert served.name == "shapes" and (unpacked / "shapes_handler.py").is_file()
+    served.stop()
+    assert not unpacked.exists()
+
+
 def test_start_refuses_a_handler_object_and_reports_a_load_failure(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"a served handler is a spec string \(the server is another process\)"):
         start(MODEL_DIR, handler=object())  # type: ignore[arg-type]

@@ -9,7 +9,9 @@
         server.v1_url   # http://127.0.0.1:PORT/v1/models/shapes   (GET; :predict, :explain)
         server.v2_url   # http://127.0.0.1:PORT/v2/models/shapes   (GET metadata; /ready, /infer)
 
-    kserve.ModelServer().start([model("model_store/shapes.mar")])   # or in a server of your own
+    served = model("model_store/shapes.mar")   # or the kserve.Model, for a server of your own
+    served.load()                               # initialize, once (ModelServer starts ready models only)
+    kserve.ModelServer().start([served])        # NB: kserve's own start listens on every interface
 
 A request reaches the handler as TorchServe 0.12's frontend and worker deliver KServe's
 routes to a model served with a service envelope (``InferenceRequestHandler``'s

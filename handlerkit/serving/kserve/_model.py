@@ -86,10 +86,15 @@ class HandlerModel(kserve.Model):
         return self.ready
 
     def stop(self) -> None:
+        """Not ready any more; the archive's temporary dir is removed (loaded or not)."""
         self.ready = False
         if self.service is not None:
             self.service.close()
             self.service = None
+        else:
+            archive = getattr(self.context, "archive", None)  # a .mar unpacked by from_model_dir
+            if archive is not None:
+                archive.cleanup()
         self._pool.shutdown(wait=False)
 
     # -- inference ----------------------------------------------------------------------------
