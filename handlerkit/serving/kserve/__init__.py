@@ -33,7 +33,11 @@ What differs from TorchServe-on-KServe:
   (400/422) before the handler sees it;
 - the model metadata lists no inputs or outputs: a TorchServe handler declares none, and
   nothing is invented for it;
-- ``url_path`` is ``""`` in each request's headers (TorchServe's KServe routes add none).
+- ``url_path`` is ``""`` in each request's headers (TorchServe's KServe routes add none);
+- kserve adds ``"parameters": null`` to v2 responses and outputs, and sends a v1 ``:explain``
+  answer with the request's own headers (its ``DataPlane.explain``);
+- an error keeps TorchServe's body, not the v2 spec's ``{"error": ...}``: a v2 client such as
+  ``tritonclient`` reads the status but not the message.
 """
 
 from __future__ import annotations
