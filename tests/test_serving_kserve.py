@@ -7,11 +7,12 @@ handler unlike the fixtures (numbers in, a dict out). Requests go through ``http
 through ``tritonclient``'s HTTP client, a v2 client nobody here wrote.
 
 **The real-server comparison**: the same ``.mar`` under a real TorchServe 0.12 started with
-``service_envelope=kservev2``. TorchServe 0.12's frontend routes KServe's URLs itself
-(``InferenceRequestHandler``: ``/v2/models/<m>/infer`` → ``handleKFV2Predictions``, which adds
-``explain: False`` and forwards the body as it came), so the same v2 requests are posted to both
-servers' ``/v2/models/shapes/infer`` and must get the same answers: status, and the parsed body,
-but for the ``"parameters": null`` fields kserve's response model adds.
+``service_envelope=kservev2`` (and again with ``kserve``). TorchServe 0.12's frontend routes
+KServe's URLs itself (``InferenceRequestHandler``: ``/v2/models/<m>/infer`` →
+``handleKFV2Predictions``, ``/v1/models/<m>:predict`` → ``handleKFV1Predictions``; both add
+``explain`` and forward the body as it came), so the same requests are posted to the same URL on
+both servers and must get the same answers: v1 the same status and bytes, v2 the same status and
+document but for the ``"parameters": null`` fields kserve's response model adds.
 """
 
 from __future__ import annotations
