@@ -145,3 +145,52 @@ def test_serve_logs_a_failed_request_once_answers_the_envelope_and_stops_quietly
     assert stderr.rstrip().endswith("handlerkit: stopped")
     for noise in RAY_STOP_NOISE:
         assert noise not in stderr and noise not in rest, noise
+
+
+# -- --engine kserve ------------------------------------------------------------------------
+
+
+def test_kserve_engine_prints_both_urls_serves_on_loopback_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import signal
+
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(_serve(MODEL, "--engine", "kserve", "--port", 0, "--for", 120),
+                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        try:
+            lines = [proc.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
+            assert lines[0] == "handlerkit: serving image_classifier on KServe (Ctrl-C to stop)\n", lines
+            v1 = re.fullmatch(r"  v1: (http://127\.0\.0\.1:\d+/v1/models/image_classifier)  \(POST \1:predict, :explain\)\n", lines[1])
+            v2 = re.fullmatch(r"  v2: (http://127\.0\.0\.1:\d+/v2/models/image_classifier)  \(POST \1/infer; GET .*/v2/health/ready\)\n", lines[2])
+            assert v1 and v2, lines
+            with urllib.request.urlopen(v2.group(1) + "/ready", timeout=10) as resp:
+                assert json.loads(resp.read()) == {"name": "image_classifier", "ready": True}
+            with urllib.request.urlopen(v1.group(1), timeout=10) as resp:
+                assert json.loads(resp.read()) == {"name": "image_classifier", "ready": True}
+            proc.send_signal(signal.SIGTERM)
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert proc.returncode == 0 and rest.startswith("served image_classifier at http://127.0.0.1:")
+    assert (tmp_path / "err").read_text().endswith("handlerkit: interrupted\n")
+    port = int(v2.group(1).split(":")[2].split("/")[0])
+    from handlerkit.serving._ports import port_holder
+
+    assert port_holder("127.0.0.1", port) is None  # the server is gone with the command
+
+
+def test_kserve_engine_missing_names_the_extra(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kserve", None)
+    assert main(["serve", str(MODEL), "--engine", "kserve"]) == 2
+    assert capsys.readouterr().err == (
+        "handlerkit: error: handlerkit serve --engine kserve needs kserve: pip install 'handlerkit[kserve]'\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--host", "0.0.0.0"], "--engine kserve listens on 127.0.0.1 only: got --host 0.0.0.0; drop --host"),
+    (["--envelope", "json"], "--envelope is for --engine ray: KServe's server runs on this machine"),
+])  # fmt: skip
+def test_kserve_engine_refuses_ray_options_and_public_hosts(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert main(["serve", str(MODEL), "--engine", "kserve", *argv]) == 2
+    assert capsys.readouterr().err.startswith(f"handlerkit: error: {message}")

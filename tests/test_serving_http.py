@@ -47,3 +47,14 @@ def test_a_failed_batch_is_answered_with_the_frontends_error_document() -> None:
     ctx = hk.MockContext()
     (bad,) = replies({"not": "a list"}, ctx, 1)
     assert (bad.status, json.loads(bad.body)["type"]) == (503, "InternalServerException")
+
+
+def test_worker_failure_is_the_code_and_message_the_worker_answers_a_failed_batch_with():
+    from handlerkit.errors import PredictionException, RequestError
+    from handlerkit.serving._http import worker_failure
+
+    assert worker_failure(PredictionException("model busy", 429)) == (429, "model busy")
+    assert worker_failure(RequestError("request 0: not an image", 0)) == (400, "request 0: not an image")
+    assert worker_failure(MemoryError()) == (507, "Out of resources")
+    assert worker_failure(RuntimeError("CUDA out of memory")) == (507, "Out of resources")
+    assert worker_failure(ValueError("bad")) == (503, "Prediction failed")

@@ -1,4 +1,5 @@
-"""``handlerkit serve MODEL --engine ray``: serve a model's handler over HTTP, TorchServe's URLs."""
+"""``handlerkit serve MODEL [--engine ray|kserve]``: serve a model's handler over HTTP: on Ray Serve
+with TorchServe's URLs, or on KServe's model server with the KServe v1 and v2 URLs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from handlerkit.cli._common import OK, InputError, Outcome, non_negative, positive
 
-HELP = "serve a model's handler over HTTP on a maintained engine (Ray Serve)"
+HELP = "serve a model's handler over HTTP on a maintained engine (Ray Serve or KServe)"
 DESCRIPTION = (
     "Serve the handler of MODEL (a model dir or a .mar) on Ray Serve with TorchServe's URLs: "
     "POST /predictions/<model>, POST /explanations/<model>, GET /models/<model>, GET /ping. "
@@ -22,14 +23,18 @@ DESCRIPTION = (
     "runs there, and only that application is deleted on exit. Blocks until Ctrl-C (or --for "
     "SECONDS). A port already in use is refused (exit code 2); a handler that fails to load stops "
     "the command with its error (exit code 1); a failed request is logged with its stage, line "
-    "and fix. Needs: pip install 'handlerkit[ray]'."
+    "and fix. Needs: pip install 'handlerkit[ray]'. With --engine kserve the model is served by KServe's "
+    "model server (kserve.ModelServer) on 127.0.0.1 only, with KServe's v1 (/v1/models/<model>:predict, "
+    ":explain) and v2 (/v2/models/<model>/infer, /v2/health/..., model metadata) URLs, the bodies going "
+    "through TorchServe's kserve and kservev2 envelopes; no gRPC, one request per batch. Needs: pip "
+    "install 'handlerkit[kserve]'."
 )
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("serve", help=HELP, description=DESCRIPTION, parents=parents)
     parser.add_argument("model", metavar="MODEL", help="a model dir (an unpacked .mar) or a .mar file")
-    parser.add_argument("--engine", choices=["ray"], default="ray", help="the serving engine (default: ray)")
+    parser.add_argument("--engine", choices=["ray", "kserve"], default="ray", help="the serving engine (default: ray)")
     parser.add_argument("--handler", metavar="SPEC", help="handler spec (default: the manifest's handler)")
     parser.add_argument(
         "--envelope",
@@ -55,6 +60,8 @@ def command(args: argparse.Namespace) -> Outcome:
 
     if not os.path.exists(args.model):
         raise InputError(f"no such model dir or archive: {args.model!r}")
+    if args.engine == "kserve":
+        return _serve_on_kserve(args)
     if not args.address:  # a cluster's Serve keeps its own port
         _refuse_a_busy_port(args.host, args.port)
     from handlerkit._optional import require
@@ -88,16 +95,7 @@ def command(args: argparse.Namespace) -> Outcome:
         run(application, name=name, route_prefix="/")  # a handler that fails to load raises its StageError
         url = _http_url(serve, args.host, args.port)
         print(f"handlerkit: serving {name} at {url}/predictions/{name} (Ctrl-C to stop)", flush=True)
-        stopped = "stopped"
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does
-        try:
-            deadline = None if args.duration is None else time.monotonic() + args.duration
-            while deadline is None or time.monotonic() < deadline:
-                time.sleep(0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic())))
-        except KeyboardInterrupt:
-            stopped = "interrupted"
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        stopped = _wait(args.duration)
     finally:
         try:
             # The application's replicas drain and stop. With --address the cluster's Serve and
@@ -110,6 +108,55 @@ def command(args: argparse.Namespace) -> Outcome:
             ray.shutdown()
     print(f"handlerkit: {stopped}", file=sys.stderr)
     return Outcome(OK, f"served {name} at {url}", {"model": name, "url": url, "engine": args.engine})
+
+
+def _serve_on_kserve(args: argparse.Namespace) -> Outcome:
+    """KServe's model server in a child process on 127.0.0.1, until Ctrl-C or --for SECONDS."""
+    if args.host != "127.0.0.1":
+        raise InputError(f"--engine kserve listens on 127.0.0.1 only: got --host {args.host}; drop --host")
+    for option in ("address", "envelope", "num_cpus"):
+        if getattr(args, option) is not None:
+            raise InputError(
+                f"--{option.replace('_', '-')} is for --engine ray: KServe's server runs on this machine and "
+                "sends v1 bodies through the kserve envelope, v2 bodies through kservev2"
+            )
+    from handlerkit._optional import require
+
+    try:
+        require("kserve", feature="handlerkit serve --engine kserve", extra="kserve")
+    except ImportError as exc:
+        raise InputError(str(exc)) from exc
+    _refuse_a_busy_port(args.host, args.port)
+    from handlerkit.serving.kserve import start
+
+    with start(args.model, handler=args.handler, port=args.port) as server:
+        print(f"handlerkit: serving {server.name} on KServe (Ctrl-C to stop)", flush=True)
+        print(f"  v1: {server.v1_url}  (POST {server.v1_url}:predict, :explain)", flush=True)
+        print(f"  v2: {server.v2_url}  (POST {server.v2_url}/infer; GET {server.url}/v2/health/ready)", flush=True)
+        stopped = _wait(args.duration, server.process)
+    print(f"handlerkit: {stopped}", file=sys.stderr)
+    urls = {"v1": server.v1_url, "v2": server.v2_url}
+    return Outcome(
+        OK,
+        f"served {server.name} at {server.url}",
+        {"model": server.name, "url": server.url, "engine": "kserve", **urls},
+    )
+
+
+def _wait(duration: float | None, process: Any = None) -> str:
+    """Block until Ctrl-C, SIGTERM, ``duration`` seconds, or the server ``process`` exiting."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does
+    try:
+        deadline = None if duration is None else time.monotonic() + duration
+        while deadline is None or time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                return f"the server exited with {process.returncode}"
+            time.sleep(0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        return "interrupted"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return "stopped"
 
 
 def _http_url(serve: Any, host: str, port: int) -> str:

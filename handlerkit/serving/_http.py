@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from handlerkit import _wire
 from handlerkit.context import read_responses
+from handlerkit.errors import PredictionException
 from handlerkit.requests import Parameter, Request
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "replies",
     "to_request",
     "worker_error",
+    "worker_failure",
 ]
 
 #: What TorchServe's frontend adds; a client's own values of these are replaced.
@@ -170,6 +172,17 @@ def worker_error(code: int, message: str) -> Reply:
     sends an ``InternalServerException`` document whatever the code (503 "Prediction failed", a
     ``PredictionException``'s own code, 500 "Worker died."), and turns a 413 into a 507."""
     return error_reply(507 if code == 413 else code, message, "InternalServerException")._replace(failed=True)
+
+
+def worker_failure(exc: BaseException) -> tuple[int, str]:
+    """The code and message TorchServe's worker answers a whole batch with when ``handle``
+    raised ``exc``: a ``PredictionException``'s own, 507 "Out of resources" for a ``MemoryError``
+    (or a CUDA error), else 503 "Prediction failed"."""
+    if isinstance(exc, PredictionException) or type(exc).__name__ == "PredictionException":
+        return int(getattr(exc, "error_code", 500)), str(getattr(exc, "message", exc))
+    if isinstance(exc, MemoryError) or "CUDA" in str(exc):
+        return 507, "Out of resources"
+    return 503, "Prediction failed"
 
 
 #: A batch whose worker did not answer within ``responseTimeout``: TorchServe kills the worker

@@ -48,7 +48,6 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response, StreamingResponse
 
 from handlerkit.batches import Batch
-from handlerkit.errors import PredictionException
 from handlerkit.recording.failures import handler_files
 from handlerkit.requests import Request
 from handlerkit.service import Service
@@ -65,20 +64,12 @@ from handlerkit.serving._http import (
     replies,
     to_request,
     worker_error,
+    worker_failure,
 )
 from handlerkit.serving._streams import Opened, StreamRouter
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
 SWITCH_INTERVAL_S = 0.0005  # the replica process's sys.setswitchinterval (see HandlerReplica)
-
-
-def _failure(exc: BaseException) -> tuple[int, str]:
-    """The code and message TorchServe's worker answers a whole batch with."""
-    if isinstance(exc, PredictionException) or type(exc).__name__ == "PredictionException":
-        return int(getattr(exc, "error_code", 500)), str(getattr(exc, "message", exc))
-    if isinstance(exc, MemoryError) or "CUDA" in str(exc):
-        return 507, "Out of resources"
-    return 503, "Prediction failed"
 
 
 class HandlerReplica:
@@ -166,7 +157,7 @@ class HandlerReplica:
         try:
             output = self.service.handle(batch)
         except BaseException as exc:  # the worker answers every request of the batch
-            code, message = _failure(exc)
+            code, message = worker_failure(exc)
             if self._stuck is None:  # else the batch was answered "Worker died." already
                 self._log_failure(batch, exc, f'{code} "{message}"')
             return [worker_error(code, message)] * len(batch)
@@ -232,7 +223,7 @@ class HandlerReplica:
             )
             return WORKER_DIED
         except Exception as exc:  # the async worker answers the batch, as the synchronous one
-            code, message = _failure(exc)
+            code, message = worker_failure(exc)
             self._log_failure(batch, exc, f'{code} "{message}"')
             return worker_error(code, message)
         return replies(output, context, 1)[0]

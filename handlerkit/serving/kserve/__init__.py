@@ -1,0 +1,84 @@
+"""Serve any TorchServe-contract handler on KServe's Python model server, unchanged
+(``pip install 'handlerkit[kserve]'``).
+
+::
+
+    from handlerkit.serving.kserve import model, start
+
+    with start("model_store/shapes.mar") as server:     # kserve.ModelServer on 127.0.0.1, a free port
+        server.v1_url   # http://127.0.0.1:PORT/v1/models/shapes   (GET; :predict, :explain)
+        server.v2_url   # http://127.0.0.1:PORT/v2/models/shapes   (GET metadata; /ready, /infer)
+
+    served = model("model_store/shapes.mar")   # or the kserve.Model, for a server of your own
+    served.load()                               # initialize, once (ModelServer starts ready models only)
+    kserve.ModelServer().start([served])        # NB: kserve's own start listens on every interface
+
+A request reaches the handler as TorchServe 0.12's frontend and worker deliver KServe's
+routes to a model served with a service envelope (``InferenceRequestHandler``'s
+``/v1/models/<m>:predict`` and ``/v2/models/<m>/infer``): the v1 body through the ``kserve``
+envelope, the v2 body through ``kservev2`` (:mod:`handlerkit.envelopes`), with the request's
+headers, ``explain`` set as the frontend sets it (:mod:`handlerkit.serving._http`). So a handler
+written for TorchServe-on-KServe gives the same answers, and a request the handler fails alone
+(``context.set_response_status``) or a batch the worker fails keeps TorchServe's status, content
+type and body.
+
+What differs from TorchServe-on-KServe:
+
+- **no batching**: KServe's Python model server has no batching of its own (KServe batches in
+  its agent, in front of the pod), so one request is one batch, and requests run one at a time
+  on one thread, as on one TorchServe worker; ``batchSize`` and ``maxBatchDelay`` are not used;
+- the routes around inference are KServe's own: ``/v2/health/live``, ``/v2/health/ready``,
+  ``/v2/models/<m>``, ``/v2/models/<m>/ready``, ``/v1/models/<m>``, and a body kserve cannot
+  parse (malformed JSON, a v2 body that is not an inference request) is answered by kserve
+  (400/422) before the handler sees it;
+- the model metadata lists no inputs or outputs: a TorchServe handler declares none, and
+  nothing is invented for it;
+- ``url_path`` is ``""`` in each request's headers (TorchServe's KServe routes add none);
+- kserve adds ``"parameters": null`` to v2 responses and outputs, and sends a v1 ``:explain``
+  answer with the request's own headers (its ``DataPlane.explain``);
+- an error keeps TorchServe's body, not the v2 spec's ``{"error": ...}``: a v2 client such as
+  ``tritonclient`` reads the status but not the message.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from handlerkit._optional import require
+from handlerkit.serving.kserve._server import KServeServer, start
+
+if TYPE_CHECKING:
+    from handlerkit.service import WorkingDir
+
+__all__ = ["KServeServer", "model", "start"]
+
+
+def model(
+    model_dir_or_mar: str | os.PathLike[str],
+    *,
+    handler: Any = None,
+    name: str | None = None,
+    working_dir: WorkingDir = "call",
+) -> Any:
+    """A ``kserve.Model`` that runs the handler of a model dir or ``.mar`` as TorchServe would.
+
+    ``load()`` opens the model (a :class:`~handlerkit.service.Service`) and runs ``initialize``
+    once; each v1 ``:predict``/``:explain`` or v2 ``infer`` request is then one ``handle`` call
+    on a batch of one (KServe's Python server has no batching to use), one at a time.
+
+    Args:
+        model_dir_or_mar: a model dir or an archive (``.mar``, ``.tar.gz``).
+        handler: the manifest's handler by default; or any form
+            :class:`~handlerkit.service.Service` takes (spec string, class, instance, function).
+        name: the model name in URLs (default: the manifest's ``modelName``).
+        working_dir: where the handler runs (:data:`handlerkit.service.WorkingDir`): ``"call"``
+            in a notebook, ``"process"`` in a server process of its own (as a worker).
+
+    Raises:
+        ImportError: kserve is not installed (``pip install 'handlerkit[kserve]'``).
+    """
+    require("kserve", feature="handlerkit.serving.kserve", extra="kserve")
+    from handlerkit.serving.kserve._model import HandlerModel
+
+    return HandlerModel(os.fspath(model_dir_or_mar), handler=handler, name=name, working_dir=working_dir)
