@@ -19,6 +19,14 @@ Each replica builds its context with :meth:`handlerkit.MockContext.from_model_di
 (:mod:`handlerkit.serving._http`). A failed batch's :class:`~handlerkit.errors.StageError` goes
 to the replica's log (the ``handlerkit.serving`` logger, through Serve's replica logger); a
 handler that fails to load fails the deployment at once, and :func:`run` raises its StageError.
+
+``sequenceBatching: true``: sequences are opened, ended and limited as TorchServe's frontend
+does, and kept on one replica by Ray Serve's model multiplexing, the sequence id being the
+multiplexed model id: a client sends ``serve_multiplexed_model_id: <sequence id>`` beside
+``ts_request_sequence_id`` (:mod:`handlerkit.serving._sequences`). ``continuousBatching: true``
+runs no loop here: each request is one ``handle`` call, answered whole, even one the handler
+leaves unfinished (its answer says ``ts_stream_next: true``), where TorchServe calls it again
+and streams each step's answer as a chunk.
 """
 
 from __future__ import annotations
