@@ -20,6 +20,12 @@ What a client does, as read from the real server (pinned below):
 
 One server for the whole module (three models); requests are sent one at a time, so each
 worker call holds one request and both sides see the same order.
+
+The same requests then go to handlerkit.serving.ray (``-m ray``; each sequence request also
+carries ``serve_multiplexed_model_id``, Ray's routing header): the same answers, headers and
+error documents, the async handler's same chunks; one difference, pinned: Ray runs no
+continuous-batching loop, so a request TorchServe streams for six steps gets its first step's
+answer whole.
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ from typing import Any, NamedTuple
 import pytest
 from _async_handlers import VLLM_STYLE, prompt, reversed_words, write_model_dir
 from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, SEQUENCE_SUM, STREAMING_SUM, model_dir
-from _ts_server import HOST, TorchServe, missing_requirements, serving
+from _ts_server import HOST, TorchServe, free_ports, missing_requirements, serving
 
 import handlerkit as hk
 from handlerkit.sequences import Job, Sequence
+from handlerkit.serving._sequences import ROUTING_HEADER
 
 _missing = missing_requirements()
 pytestmark = [
@@ -120,7 +127,9 @@ def send_script(
     port: int, model: str, script: list[tuple[str, int]], *, issued: bool, prefix: str = ""
 ) -> list[Answer]:
     """Send ``script`` over HTTP; ``issued``: a sequence's first request goes without an id and
-    the later ones carry the id its answer named (else each request names its own sequence)."""
+    the later ones carry the id its answer named (else each request names its own sequence).
+    With a ``prefix`` (a Ray application's route) each request naming its sequence also carries
+    Ray's routing header, as the adapter's clients do."""
     ids: dict[str, str] = {}
     answers = []
     for name, number in script:
@@ -129,6 +138,8 @@ def send_script(
             headers[SEQ_ID] = name
         elif name in ids:
             headers[SEQ_ID] = ids[name]
+        if prefix and SEQ_ID in headers:
+            headers[ROUTING_HEADER] = headers[SEQ_ID]
         answer = exchange(port, f"{prefix}/predictions/{model}", str(number).encode(), headers)
         if issued and name not in ids:
             ids[name] = answer.headers[SEQ_ID]
@@ -169,14 +180,67 @@ def _same(answers: list[Answer], jobs: list[Job]) -> None:
                 assert names_ts.setdefault(theirs, len(names_ts)) == names_hk.setdefault(ours, len(names_hk))
 
 
-def test_sequence_batching_answers_as_torchserve(torchserve, sources):
-    port = torchserve.inference_port
-    unnamed = exchange(port, "/predictions/seqsum", b"7")  # opens ts-seq-<uuid>, which its client never learns
+ASYNC_PROMPTS = [("the quick brown fox", False), ("jumps over the lazy dog", False), ("hello big world", True)]
+
+
+def sum_answers(port: int, prefix: str = "") -> dict[str, Any]:
+    """SEQUENCE_SUM's scenario: a sequence the frontend opens, the script, one sequence too many."""
+    path = f"{prefix}/predictions/seqsum"
+    unnamed = exchange(port, path, b"7")  # opens ts-seq-<uuid>, which its client never learns
+    script = send_script(port, "seqsum", SUM_SCRIPT, issued=False, prefix=prefix)
+    refused = exchange(port, path, b"1", {SEQ_ID: "seq_2", ROUTING_HEADER: "seq_2"})  # over maxNumSequence
+    return {"unnamed": unnamed, "script": script, "refused": refused}
+
+
+def async_answers(port: int, prefix: str = "") -> list[Answer]:
+    def post(item: tuple[str, bool]) -> Answer:
+        text, stream = item
+        body, headers = prompt(text, stream=stream), {"Content-Type": "application/json"}
+        return exchange(port, f"{prefix}/predictions/tiny_llm", body, headers)
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # awaited at once by the async worker
+        return list(pool.map(post, ASYNC_PROMPTS))
+
+
+def all_answers(port: int, prefix: str = "") -> dict[str, Any]:
+    """Every scenario's answers from the server on ``port`` (``prefix``: Ray, one application per model)."""
+    return {
+        "seqsum": sum_answers(port, prefix and f"{prefix}seqsum"),
+        "stream": send_script(port, "stream", STREAM_SCRIPT, issued=True, prefix=prefix and f"{prefix}stream"),
+        "tiny_llm": async_answers(port, prefix and f"{prefix}tiny_llm"),
+    }
+
+
+@pytest.fixture(scope="module")
+def theirs(torchserve: TorchServe) -> dict[str, Any]:
+    return all_answers(torchserve.inference_port)
+
+
+@pytest.fixture(scope="module")
+def on_ray(theirs: dict[str, Any], sources: dict[str, Path]) -> Iterator[dict[str, Any]]:
+    """The same scenarios through handlerkit.serving.ray (one replica per model)."""
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from handlerkit.serving.ray import app
+
+    (port,) = free_ports(1)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": HOST, "port": port})
+        for name, directory in sources.items():
+            serve.run(app(directory, num_cpus=0.25), name=name, route_prefix=f"/{name}")
+        yield all_answers(port, prefix="/")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def test_sequence_batching_answers_as_torchserve(theirs, sources):
+    unnamed, answers, refused = theirs["seqsum"]["unnamed"], theirs["seqsum"]["script"], theirs["seqsum"]["refused"]
     assert (unnamed.status, unnamed.chunks) == (200, [b"7"]) and SEQ_ID not in unnamed.headers
-    answers = send_script(port, "seqsum", SUM_SCRIPT, issued=False)
     assert [a.chunks[0] for a in answers] == [b"1", b"2", b"4", b"6", b"9"]  # running sums per sequence
     _same(answers, harness_script(sources["seqsum"], SUM_SCRIPT, issued=False))
-    refused = exchange(port, "/predictions/seqsum", b"1", {SEQ_ID: "seq_2"})  # a fourth sequence: over maxNumSequence
     assert refused.status == 503 and b"exceeds maxSequenceJobQueueSize" in refused.chunks[0]
     seqs = hk.Sequences(hk.Harness.open(sources["seqsum"]))
     for name in ("unnamed", "seq_0", "seq_1"):
@@ -188,8 +252,8 @@ def test_sequence_batching_answers_as_torchserve(torchserve, sources):
         seqs.start(hk.Request.text("1"), sequence_id="seq_2")
 
 
-def test_continuous_batching_streams_and_ends_as_torchserve(torchserve, sources):
-    answers = send_script(torchserve.inference_port, "stream", STREAM_SCRIPT, issued=True)
+def test_continuous_batching_streams_and_ends_as_torchserve(theirs, sources):
+    answers = theirs["stream"]
     assert answers[1].chunks == [b"5"] * 6 and answers[1].headers["ts_stream_next"] == "true"
     assert answers[3].chunks == [b"8"] * 6  # a second sequence streams its own sum
     assert [a.chunks for a in answers[4:]] == [[b"9"], [b"-1"], [b"8"], [b"15"], [b"15"]]
@@ -203,24 +267,10 @@ def test_the_server_lists_the_sequence_settings(torchserve):
     assert described["maxNumSequence"] == 2 and described["stateful"] and described["continuousBatching"]
 
 
-ASYNC_PROMPTS = [("the quick brown fox", False), ("jumps over the lazy dog", False), ("hello big world", True)]
-
-
-def test_the_async_handler_answers_and_streams_as_the_harness(torchserve, sources):
-    def post(item: tuple[str, bool]) -> Answer:
-        text, stream = item
-        return exchange(
-            torchserve.inference_port,
-            "/predictions/tiny_llm",
-            prompt(text, stream=stream),
-            {"Content-Type": "application/json"},
-        )
-
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # awaited at once by the async worker
-        answers = list(pool.map(post, ASYNC_PROMPTS))
+def test_the_async_handler_answers_and_streams_as_the_harness(theirs, sources):
     h = hk.Harness.open(sources["tiny_llm"])
     try:
-        for (text, stream), answer in zip(ASYNC_PROMPTS, answers, strict=True):
+        for (text, stream), answer in zip(ASYNC_PROMPTS, theirs["tiny_llm"], strict=True):
             run = h.run(hk.batch(hk.Request.from_bytes(prompt(text, stream=stream), content_type="application/json")))
             final = json.loads(answer.chunks[-1])
             assert answer.status == 200 and final["text"] == run.output[0]["text"] == reversed_words(text)
@@ -229,3 +279,43 @@ def test_the_async_handler_answers_and_streams_as_the_harness(torchserve, source
             assert answer.chunked is stream and len(run.chunks) == (3 if stream else 0)
     finally:
         h.service.close()
+
+
+# -- the same requests on Ray Serve ------------------------------------------------------------
+def _sans(answer: Answer) -> tuple[int, dict[str, str], list[bytes], bool]:
+    """An answer without the headers only one server adds (or that differ per request)."""
+    one_sided = {"date", "server", "x-request-id", "pragma", "cache-control", "expires", "connection", "content-length"}
+    return answer.status, {k: v for k, v in answer.headers.items() if k not in one_sided}, answer.chunks, answer.chunked
+
+
+@pytest.mark.ray
+def test_sequence_batching_on_ray_answers_as_torchserve(theirs, on_ray):
+    ts, ours = theirs["seqsum"], on_ray["seqsum"]
+    assert [_sans(a) for a in ours["script"]] == [_sans(a) for a in ts["script"]]
+    assert _sans(ours["unnamed"]) == _sans(ts["unnamed"])  # no sequence id answered on either
+    assert _sans(ours["refused"]) == _sans(ts["refused"])  # the same 503 document past maxNumSequence
+
+
+@pytest.mark.ray
+def test_continuous_batching_on_ray_answers_each_request_once(theirs, on_ray):
+    """Where TorchServe streams a request's later steps as chunks, Ray answers its first step
+    whole (``ts_stream_next: true``); every other answer, and the sums after, are the same."""
+    for ts, ours in zip(theirs["stream"], on_ray["stream"], strict=True):
+        if ts.chunked:
+            assert (ours.status, ours.chunks, ours.chunked) == (200, ts.chunks[:1], False)
+            assert ours.headers["ts_stream_next"] == "true"
+        else:
+            assert (ours.status, ours.chunks, ours.headers.get(SEQ_END) is None) == (
+                ts.status,
+                ts.chunks,
+                ts.headers.get(SEQ_END) is None,
+            )
+            assert ours.headers[SEQ_ID].startswith("ts-seq-")
+
+
+@pytest.mark.ray
+def test_the_async_handler_on_ray_answers_and_streams_as_torchserve(theirs, on_ray):
+    for ts, ours in zip(theirs["tiny_llm"], on_ray["tiny_llm"], strict=True):
+        assert (ours.status, ours.chunks[:-1], ours.chunked) == (ts.status, ts.chunks[:-1], ts.chunked)
+        final_ts, final_ours = json.loads(ts.chunks[-1]), json.loads(ours.chunks[-1])
+        assert (final_ours["text"], final_ours["tokens"]) == (final_ts["text"], final_ts["tokens"])
