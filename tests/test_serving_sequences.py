@@ -5,7 +5,6 @@ a real local Ray instance on loopback)."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -141,13 +140,13 @@ def test_every_step_of_a_sequence_lands_on_the_replica_that_holds_it(base):
     for name in ("seq_0", "seq_1", "seq_2", "seq_3"):  # named by their clients: routed from the first request
         status, headers, body = _post(base, "/predictions/pid_sum", b"1", {SEQ_ID: name, ROUTING_HEADER: name})
         assert status == 200 and headers[SEQ_ID] == name and json.loads(body)["sum"] == 1, body
-        opened[name] = json.loads(body)["pid"]
-        time.sleep(ROUTING_SETTLE_S)  # Ray hears where the id lives; the next new one goes to the emptier replica
+        opened[name] = json.loads(body)[
+            "pid"
+        ]  # answered once Ray routes the id here: the next goes to the emptier replica
     status, headers, body = _post(base, "/predictions/pid_sum", b"1", {})  # opened by the frontend
     issued = headers[SEQ_ID]
     assert status == 200 and issued.startswith("ts-seq-")
     opened[issued] = json.loads(body)["pid"]
-    time.sleep(ROUTING_SETTLE_S)
     assert len(set(opened.values())) == 2  # the sequences are spread over both replicas
     for step in range(2, 6):
         for sequence_id, pid in opened.items():
@@ -161,7 +160,6 @@ def test_every_step_of_a_sequence_lands_on_the_replica_that_holds_it(base):
 def test_an_ended_sequence_is_freed_and_its_id_opens_anew(base):
     headers = {SEQ_ID: "long", ROUTING_HEADER: "long"}
     assert json.loads(_post(base, "/predictions/pid_sum", b"99", headers)[2])["sum"] == 99
-    time.sleep(ROUTING_SETTLE_S)
     status, answered, body = _post(base, "/predictions/pid_sum", b"5", headers)
     assert status == 200 and answered["ts_request_sequence_end"] == "long" and json.loads(body)["sum"] == 104
 
@@ -179,6 +177,20 @@ def test_continuous_batching_on_ray_answers_each_request_once(base):
     assert "transfer-encoding" not in headers or headers["transfer-encoding"] != "chunked"
     status, headers, body = _post(base, "/stream/predictions/stream", b"0", routed)
     assert (status, body, headers["ts_request_sequence_end"]) == (200, b"5", sequence_id)
+
+
+def test_only_a_stateful_model_on_several_replicas_holds_back_a_sequences_first_answer(tmp_path: Path):
+    pytest.importorskip("ray")
+    from handlerkit.serving.ray import app
+
+    stateful = model_dir(tmp_path, "stateful", PID_SUM, SEQUENCE_CONFIG)
+    plain = model_dir(tmp_path, "plain", PID_SUM, "batchSize: 1\n")
+    settle = {
+        (path.name, replicas): app(path, num_replicas=replicas)._bound_deployment.init_args[4]["sequence_settle_s"]
+        for path in (stateful, plain)
+        for replicas in (1, 2)
+    }
+    assert settle == {("stateful", 1): 0.0, ("stateful", 2): ROUTING_SETTLE_S, ("plain", 1): 0.0, ("plain", 2): 0.0}
 
 
 def test_sequence_headers_are_named_as_torchserves(tmp_path: Path):

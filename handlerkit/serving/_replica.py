@@ -132,6 +132,7 @@ class HandlerReplica:
                 method.set_batch_wait_timeout_s(settings["batch_wait_timeout_s"])
         # sequenceBatching: the sequences this replica holds (Ray routes them here: _hold).
         self._desk = SequenceDesk.from_config(name, self.context.model_yaml_config)
+        self._settle_s = float(settings.get("sequence_settle_s", 0.0))
         self._fields = settings.get("describe") or {}
         self._capacity = settings.get("queue_capacity", 100)
         self._started = datetime.datetime.now(datetime.timezone.utc)
@@ -311,13 +312,13 @@ class HandlerReplica:
         # Ray's proxy gives each request an id (the client's x-request-id, if it sent one), logs
         # it and sends it back: the handler's context and the replica's log use the same one.
         ray_id = http.headers.get("x-request-id")
-        headers = list(http.headers.items())
+        headers, opens = list(http.headers.items()), False
         if self._desk is not None and route.kind == "predict":
             admitted = self._desk.admit(headers)
             if not isinstance(admitted, Admitted):
                 return _response(admitted)
             await self._hold(admitted.sequence_id)
-            headers += admitted.headers.items()
+            headers, opens = headers + list(admitted.headers.items()), admitted.opened
         try:
             request = to_request(
                 headers,
@@ -336,6 +337,8 @@ class HandlerReplica:
         except asyncio.CancelledError:  # the client went away: drop its request, as a cancelled await did
             answer.cancel()
             raise
+        if opens:  # a sequence's first answer waits until Ray routes its id here (see _sequences)
+            await asyncio.sleep(self._settle_s)
         return _response(opened, None if ray_id else request.request_id)
 
     async def _answer(self, request: Request, kind: str) -> Reply:

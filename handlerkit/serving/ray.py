@@ -38,6 +38,7 @@ from handlerkit._optional import require
 from handlerkit.config import parse_config
 from handlerkit.context import MockContext
 from handlerkit.serving._http import model_fields
+from handlerkit.serving._sequences import ROUTING_SETTLE_S
 
 __all__ = ["app", "deployment_options", "run"]
 
@@ -166,6 +167,9 @@ def app(
     options["batching"] = batching
     options["envelope"] = envelope or None
     deployment = options.pop("deployment")
+    # Several replicas: a sequence's first answer waits until Ray routes its id to its replica.
+    several = deployment.get("num_replicas", 1) > 1 or "autoscaling_config" in deployment
+    options["sequence_settle_s"] = ROUTING_SETTLE_S if several and cfg.sequence_batching else 0.0
     deployment["max_ongoing_requests"] = max(deployment["max_ongoing_requests"], 2 * options["batch_size"])
     model_name = name or ctx.model_name
     version = (ctx.manifest.get("model") or {}).get("modelVersion")
