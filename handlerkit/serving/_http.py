@@ -163,7 +163,8 @@ def error_reply(code: int, message: str, kind: str | None = None) -> Reply:
         if code == 503
         else "InternalServerException"
     )
-    body = json.dumps({"code": code, "type": kind, "message": message}, indent=2).encode("utf-8")
+    # TorchServe ends every error document with a newline (read from the real server: 404, 503).
+    body = json.dumps({"code": code, "type": kind, "message": message}, indent=2).encode("utf-8") + b"\n"
     return Reply(code, None, {"content-type": "application/json"}, body)
 
 

@@ -27,6 +27,12 @@ it: each request is its own batch, awaited at once with the others on the handle
 loop (:meth:`Service.ahandle <handlerkit.service.Service.ahandle>`), each with its own copy of
 the context; a request still running at ``responseTimeout`` is answered 500 "Worker died." and
 cancelled (a coroutine can be stopped, so the replica stays healthy).
+
+A stateful model (``sequenceBatching: true``) has its sequences admitted and ended by a
+:class:`~handlerkit.serving._sequences.SequenceDesk`; each is registered with Ray's model
+multiplexing (:meth:`HandlerReplica._hold`), so Ray routes its later requests here. After each
+batch the handler's stopping criteria run once per answer, as in the worker's
+``create_predict_response``; no request is called again (no continuous-batching loop).
 """
 
 from __future__ import annotations
@@ -66,9 +72,14 @@ from handlerkit.serving._http import (
     worker_error,
     worker_failure,
 )
+from handlerkit.serving._sequences import Admitted, SequenceDesk
 from handlerkit.serving._streams import Opened, StreamRouter
+from handlerkit.streaming import final_stream_next
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
+#: Sequence ids Ray keeps registered per replica (it forgets the least recent beyond); the
+#: handler's own limit is maxNumSequence (handlerkit.serving._sequences).
+SEQUENCES_PER_REPLICA = 100_000
 SWITCH_INTERVAL_S = 0.0005  # the replica process's sys.setswitchinterval (see HandlerReplica)
 
 
@@ -110,6 +121,9 @@ class HandlerReplica:
             for method in cast("tuple[Any, ...]", (self._predict, self._explain)):
                 method.set_max_batch_size(settings["batch_size"])
                 method.set_batch_wait_timeout_s(settings["batch_wait_timeout_s"])
+        # sequenceBatching: the sequences this replica holds (Ray routes them here: _hold).
+        self._desk = SequenceDesk.from_config(name, self.context.model_yaml_config)
+        self._settle_s = float(settings.get("sequence_settle_s", 0.0))
         self._fields = settings.get("describe") or {}
         self._capacity = settings.get("queue_capacity", 100)
         self._started = datetime.datetime.now(datetime.timezone.utc)
@@ -167,6 +181,8 @@ class HandlerReplica:
         metrics.add_time("PredictionTime", round(elapsed_ms, 2))
         if len(getattr(metrics, "records", ())) > _KEEP_METRICS and hasattr(metrics, "clear"):
             metrics.clear()  # a replica lives long: the recording store must not grow without end
+        if isinstance(output, list) and len(output) == len(batch):  # as the worker's create_predict_response:
+            final_stream_next(self.context, output)  # the handler's stopping criteria run once per answer
         return replies(output, self.context, len(batch))
 
     def _log_failure(self, batch: Batch, exc: BaseException, answer: str) -> None:
@@ -226,6 +242,8 @@ class HandlerReplica:
             code, message = worker_failure(exc)
             self._log_failure(batch, exc, f'{code} "{message}"')
             return worker_error(code, message)
+        if isinstance(output, list) and len(output) == 1:
+            final_stream_next(context, output)
         return replies(output, context, 1)[0]
 
     async def check_health(self) -> None:
@@ -285,9 +303,16 @@ class HandlerReplica:
         # Ray's proxy gives each request an id (the client's x-request-id, if it sent one), logs
         # it and sends it back: the handler's context and the replica's log use the same one.
         ray_id = http.headers.get("x-request-id")
+        headers, opens = list(http.headers.items()), False
+        if self._desk is not None and route.kind == "predict":
+            admitted = self._desk.admit(headers)
+            if not isinstance(admitted, Admitted):
+                return _response(admitted)
+            await self._hold(admitted.sequence_id)
+            headers, opens = headers + list(admitted.headers.items()), admitted.opened
         try:
             request = to_request(
-                http.headers.items(),
+                headers,
                 body,
                 query=http.query_params.multi_items(),
                 explain=route.kind == "explain",
@@ -303,14 +328,26 @@ class HandlerReplica:
         except asyncio.CancelledError:  # the client went away: drop its request, as a cancelled await did
             answer.cancel()
             raise
+        if opens:  # a sequence's first answer waits until Ray routes its id here (see _sequences)
+            await asyncio.sleep(self._settle_s)
         return _response(opened, None if ray_id else request.request_id)
 
     async def _answer(self, request: Request, kind: str) -> Reply:
         if self.service.asynchronous:
-            return await self._await_one(request)
-        if self._batcher is not None:
-            return cast("Reply", await self._batcher.submit(request, kind))
-        return await (self._explain if kind == "explain" else self._predict)(request)
+            reply = await self._await_one(request)
+        elif self._batcher is not None:
+            reply = cast("Reply", await self._batcher.submit(request, kind))
+        else:
+            reply = await (self._explain if kind == "explain" else self._predict)(request)
+        if self._desk is not None:
+            self._desk.answered(reply.headers)
+        return reply
+
+    @serve.multiplexed(max_num_models_per_replica=SEQUENCES_PER_REPLICA)
+    async def _hold(self, sequence_id: str) -> str:
+        """Ray Serve's model multiplexing, with a sequence id as the model id: Ray routes later
+        requests carrying ``serve_multiplexed_model_id: <id>`` to this replica."""
+        return sequence_id
 
     async def _describe(self, http: HttpRequest) -> Reply:
         """TorchServe's ``GET /models/<m>[?customized=true]``, the handler asked through the queue."""

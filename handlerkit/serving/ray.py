@@ -19,6 +19,14 @@ Each replica builds its context with :meth:`handlerkit.MockContext.from_model_di
 (:mod:`handlerkit.serving._http`). A failed batch's :class:`~handlerkit.errors.StageError` goes
 to the replica's log (the ``handlerkit.serving`` logger, through Serve's replica logger); a
 handler that fails to load fails the deployment at once, and :func:`run` raises its StageError.
+
+``sequenceBatching: true``: sequences are opened, ended and limited as TorchServe's frontend
+does, and kept on one replica by Ray Serve's model multiplexing, the sequence id being the
+multiplexed model id: a client sends ``serve_multiplexed_model_id: <sequence id>`` beside
+``ts_request_sequence_id`` (:mod:`handlerkit.serving._sequences`). ``continuousBatching: true``
+runs no loop here: each request is one ``handle`` call, answered whole, even one the handler
+leaves unfinished (its answer says ``ts_stream_next: true``), where TorchServe calls it again
+and streams each step's answer as a chunk.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from handlerkit._optional import require
 from handlerkit.config import parse_config
 from handlerkit.context import MockContext
 from handlerkit.serving._http import model_fields
+from handlerkit.serving._sequences import ROUTING_SETTLE_S
 
 __all__ = ["app", "deployment_options", "run"]
 
@@ -158,6 +167,9 @@ def app(
     options["batching"] = batching
     options["envelope"] = envelope or None
     deployment = options.pop("deployment")
+    # Several replicas: a sequence's first answer waits until Ray routes its id to its replica.
+    several = deployment.get("num_replicas", 1) > 1 or "autoscaling_config" in deployment
+    options["sequence_settle_s"] = ROUTING_SETTLE_S if several and cfg.sequence_batching else 0.0
     deployment["max_ongoing_requests"] = max(deployment["max_ongoing_requests"], 2 * options["batch_size"])
     model_name = name or ctx.model_name
     version = (ctx.manifest.get("model") or {}).get("modelVersion")
