@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from handlerkit.serving._http import Reply, error_reply as ts_error, worker_error
+from handlerkit.serving._http import Reply, worker_error
+from handlerkit.serving._http import error_reply as ts_error
 from handlerkit.serving.kserve._v2 import error_reply, input_problems, invalid_request, request_validation_response
 
 

@@ -17,8 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from _v2_servers import kserve_server
+
 from handlerkit.serving.v2_check import check
 
 pytestmark = pytest.mark.v2server
