@@ -12,7 +12,8 @@ KServe's URLs itself (``InferenceRequestHandler``: ``/v2/models/<m>/infer`` →
 ``handleKFV2Predictions``, ``/v1/models/<m>:predict`` → ``handleKFV1Predictions``; both add
 ``explain`` and forward the body as it came), so the same requests are posted to the same URL on
 both servers and must get the same answers: v1 the same status and bytes, v2 the same status and
-document but for the ``"parameters": null`` fields kserve's response model adds.
+document but for the ``"parameters": null`` fields kserve's response model adds, and a v2 error
+the same status with TorchServe's message as the spec's ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -203,16 +204,21 @@ def test_v2_infer_an_fp32_tensor(server: KServeServer) -> None:
 
 
 def test_a_bad_request_is_answered_alone_with_its_status_and_message(server: KServeServer) -> None:
-    status, _, raw = _post(server.port, "/v2/models/shapes/infer", _v2_image("img", NOT_AN_IMAGE, "bad"))
-    assert status == 400
-    [item] = json.loads(raw)["outputs"][0]["data"]
-    assert item["code"] == 400 and "is not an image PIL can read" in item["error"]
-    # A v2 input whose data does not fit its shape: the envelope's RequestError, TorchServe's error document.
+    # The handler's own 400 for one request, as the v2 spec's error: {"error": <the handler's message>}.
+    status, headers, raw = _post(server.port, "/v2/models/shapes/infer", _v2_image("img", NOT_AN_IMAGE, "bad"))
+    assert status == 400 and headers["content-type"] == "application/json" and list(json.loads(raw)) == ["error"]
+    assert "is not an image PIL can read" in json.loads(raw)["error"]
+    # A v2 input whose data does not fit its shape is refused before the handler runs.
     bad_shape = {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1.0, 2.0, 3.0]}]}
     status, _, raw = _post(server.port, "/v2/models/shapes/infer", bad_shape)
-    assert status == 400
-    assert json.loads(raw)["type"] == "InternalServerException"
-    assert "kservev2 input 'x' does not fit shape [2, 2]" in json.loads(raw)["message"]
+    assert status == 400 and json.loads(raw)["error"].startswith(
+        "invalid v2 inference request: input 'x' shape [2, 2] holds 4 elements, its data 3. Fix: send each input as {"
+    )
+    status, _, raw = _post(server.port, "/v2/models/shapes/infer", {"inputs": [{**bad_shape["inputs"][0], "datatype": "F32"}]})
+    assert status == 400 and "input 'x' datatype 'F32' is none of BOOL, UINT8" in json.loads(raw)["error"]
+    # FastAPI's 422 for a body that is no inference request is the spec's 400 {"error"} on v2 routes.
+    status, _, raw = _post(server.port, "/v2/models/shapes/infer", {"id": "no inputs"})
+    assert (status, json.loads(raw)["error"][:84]) == (400, "expected a v2 inference request, a JSON object with 'inputs': inputs: Field required")
     # The next good request is answered as if nothing happened.
     status, _, raw = _post(server.port, "/v2/models/shapes/infer", _v2_image("img", IMAGES / "triangle.png", "ok"))
     assert status == 200 and max(json.loads(raw)["outputs"][0]["data"][0], key=json.loads(raw)["outputs"][0]["data"][0].get) == "triangle"
@@ -240,6 +246,18 @@ def test_tritonclient_round_trip(server: KServeServer) -> None:
         result = client.infer("shapes", [pixels], headers=JSON)
         [scores] = result.as_numpy("pixels")
         assert max(scores, key=scores.get) == "circle"
+        # A v2 error's message reaches the client: the adapter's own check, then the handler's.
+        short = triton.InferInput("pixels", [1, 224, 224], "FP32")
+        short.set_data_from_numpy(_tensor(IMAGES / "circle.png")[:1], binary_data=False)
+        short.set_shape([2, 224, 224])  # tritonclient checks the shape when data is set, not after
+        with pytest.raises(triton.InferenceServerException, match=r"input 'pixels' shape \[2, 224, 224\] holds 100352 elements, its data 50176") as info:
+            client.infer("shapes", [short], headers=JSON)
+        assert info.value.status() == "400"
+        junk = triton.InferInput("img", [1], "BYTES")
+        junk.set_data_from_numpy(np.array([_b64(NOT_AN_IMAGE).encode()], dtype=np.object_))
+        with pytest.raises(triton.InferenceServerException, match="is not an image PIL can read") as info:
+            client.infer("shapes", [junk])
+        assert info.value.status() == "400"
     finally:
         client.close()
 
@@ -271,7 +289,7 @@ def test_a_handler_that_raises_gets_torchserves_503_and_its_stage_error_in_the_l
     assert (status, json.loads(raw)) == (503, {"code": 503, "type": "InternalServerException", "message": "Prediction failed"})
     status, _, raw = _post(tabular.port, "/v2/models/numbers/infer",
                            {"inputs": [{"name": "t", "shape": [1, 1], "datatype": "INT64", "data": [-1]}]})  # fmt: skip
-    assert status == 503 and json.loads(raw)["message"] == "Prediction failed"
+    assert (status, json.loads(raw)) == (503, {"error": "Prediction failed"})  # v2: the spec's error body
     log = tabular.log.read_text()
     assert log.count('numbers answered 503 "Prediction failed" to request') == 2, log[-3000:]
     assert "ValueError: a row asks to fail" in log and "tabular.py:11: raise ValueError" in log, log[-3000:]
@@ -289,6 +307,32 @@ def test_model_is_a_kserve_model_that_loads_once() -> None:
     finally:
         served.stop()
     assert not served.ready and served.service is None
+
+
+def test_v2_inputs_are_checked_against_the_inputs_a_model_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subclass (or a patch) that declares inputs in the metadata gets them enforced, in-process."""
+    import asyncio
+
+    from kserve.protocol.infer_type import InferInput, InferRequest
+
+    from handlerkit.serving.kserve._model import HandlerReply
+
+    served = model(MODEL_DIR, name="declared")
+    monkeypatch.setattr(served, "get_input_types", lambda: [{"name": "img", "datatype": "BYTES", "shape": [-1]}])
+    served.load()
+    try:
+        def infer(name: str) -> Any:
+            request = InferRequest("declared", [InferInput(name, [1], "BYTES", [_b64(IMAGES / "star.jpg")])])
+            return asyncio.run(served.postprocess(asyncio.run(served.predict(request)), {}))
+
+        assert max(infer("img")["outputs"][0]["data"][0], key=infer("img")["outputs"][0]["data"][0].get) == "star"
+        with pytest.raises(HandlerReply) as info:
+            infer("image")
+        assert info.value.reply.status == 400 and json.loads(info.value.reply.body)["error"].startswith(
+            "invalid v2 inference request: input 'image' is not one of the model's inputs (img). Fix:"
+        )
+    finally:
+        served.stop()
 
 
 def test_a_model_never_loaded_still_removes_its_unpacked_archive(mar: Path) -> None:
@@ -368,6 +412,9 @@ def test_same_answers_as_torchserve_with_the_same_envelope(server: KServeServer,
             ts_status, _, theirs = _post(ts.inference_port, path, body)
             if envelope == "kserve":
                 assert (status, ours) == (ts_status, theirs), f"{label}: {status} {ours[:300]!r} != {ts_status} {theirs[:300]!r}"
+            elif ts_status != 200:  # a v2 error: TorchServe's status, its handler's message as {"error"}
+                [item] = json.loads(theirs)["outputs"][0]["data"]
+                assert (status, json.loads(ours)) == (ts_status, {"error": item["error"]}), label
             else:
                 assert _comparable(status, ours) == _comparable(ts_status, theirs), label
     finally:

@@ -28,16 +28,21 @@ What differs from TorchServe-on-KServe:
   its agent, in front of the pod), so one request is one batch, and requests run one at a time
   on one thread, as on one TorchServe worker; ``batchSize`` and ``maxBatchDelay`` are not used;
 - the routes around inference are KServe's own: ``/v2/health/live``, ``/v2/health/ready``,
-  ``/v2/models/<m>``, ``/v2/models/<m>/ready``, ``/v1/models/<m>``, and a body kserve cannot
-  parse (malformed JSON, a v2 body that is not an inference request) is answered by kserve
-  (400/422) before the handler sees it;
+  ``/v2/models/<m>``, ``/v2/models/<m>/ready``, ``/v1/models/<m>``; a v1 body kserve cannot
+  parse is answered by kserve (400) before the handler sees it;
+- the v2 route keeps the spec (:mod:`handlerkit.serving.kserve._v2`): each input is checked
+  before the handler runs (datatype, shape against its data, element types, the metadata's
+  declared inputs), so a request TorchServe would hand to the handler is refused with 400; a
+  body that is no inference request (malformed JSON, no ``inputs``) is 400, not FastAPI's 422;
+  and every v2 error is ``{"error": <TorchServe's message>}`` with TorchServe's status, so a v2
+  client such as ``tritonclient`` shows the message (v1 errors keep TorchServe's body);
 - the model metadata lists no inputs or outputs: a TorchServe handler declares none, and
   nothing is invented for it;
 - ``url_path`` is ``""`` in each request's headers (TorchServe's KServe routes add none);
 - kserve adds ``"parameters": null`` to v2 responses and outputs, and sends a v1 ``:explain``
   answer with the request's own headers (its ``DataPlane.explain``);
-- an error keeps TorchServe's body, not the v2 spec's ``{"error": ...}``: a v2 client such as
-  ``tritonclient`` reads the status but not the message.
+- loading the model installs its error handlers on kserve's one FastAPI app, so the v2 routes of
+  other models in the same server answer a body that is no inference request the same way.
 """
 
 from __future__ import annotations

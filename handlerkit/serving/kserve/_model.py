@@ -5,6 +5,8 @@ Each request is turned back into the HTTP request TorchServe's frontend would fo
 bytes and headers, :func:`handlerkit.serving._http.to_request`), run as a batch of one through
 the handler's entry point wrapped in the protocol's envelope (``kserve`` for v1, ``kservev2``
 for v2), and answered from what the worker would send back (:func:`~handlerkit.serving._http.replies`).
+A v2 request is checked against the spec first, and a v2 error answered the spec's way
+(:mod:`handlerkit.serving.kserve._v2`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from handlerkit.recording.failures import handler_files
 from handlerkit.service import Service, WorkingDir
 from handlerkit.serving._failures import batch_failure, logger
 from handlerkit.serving._http import Reply, replies, to_request, worker_error, worker_failure
+from handlerkit.serving.kserve._v2 import error_reply, input_problems, invalid_request, request_validation_response
 
 __all__ = ["HandlerModel", "HandlerReply"]
 
@@ -68,9 +71,11 @@ class HandlerModel(kserve.Model):
     # -- lifecycle ----------------------------------------------------------------------------
     def load(self) -> bool:
         """Load the handler and run ``initialize`` once; then the model is ready."""
+        from fastapi.exceptions import RequestValidationError
         from kserve.model_server import app
 
         app.add_exception_handler(HandlerReply, reply_response)
+        app.add_exception_handler(RequestValidationError, request_validation_response)
         service = Service(self._handler, self.context, working_dir=self._working_dir)
         try:
             service.initialize()
@@ -110,10 +115,11 @@ class HandlerModel(kserve.Model):
         self, result: Any, headers: dict[str, str] | None = None, response_headers: dict[str, str] | None = None
     ) -> Any:
         """The worker's reply as kserve sends it: v1 its body and headers (content type included);
-        v2 the inference response, which kserve checks before sending; any other status as it is."""
+        v2 the inference response, which kserve checks before sending; any other status as it is
+        (v1: TorchServe's body; v2: the spec's ``{"error": <TorchServe's message>}``)."""
         protocol, reply = result
         if reply.status != 200:
-            raise HandlerReply(reply)
+            raise HandlerReply(error_reply(reply) if protocol == "v2" else reply)
         if protocol == "v2":
             return json.loads(reply.body)
         if response_headers is not None:
@@ -121,8 +127,15 @@ class HandlerModel(kserve.Model):
         return reply.body
 
     async def _run(self, payload: Any, headers: dict[str, str], *, explain: bool) -> tuple[str, Reply]:
-        protocol = "v2" if isinstance(payload, InferRequest) else "v1"
-        request = to_request(headers.items(), _body(payload), explain=explain, request_id=headers.get("x-request-id"))
+        if isinstance(payload, InferRequest):
+            protocol, rest = "v2", _v2_body(payload)
+            problems = input_problems(rest.get("inputs"), self.get_input_types())
+            if problems:  # answered alone, before the handler sees it
+                return protocol, invalid_request(problems)
+            body = json.dumps(rest).encode("utf-8")
+        else:
+            protocol, body = "v1", _v1_body(payload)
+        request = to_request(headers.items(), body, explain=explain, request_id=headers.get("x-request-id"))
         loop = asyncio.get_running_loop()
         return protocol, await loop.run_in_executor(self._pool, self._handle, protocol, request)
 
@@ -152,12 +165,15 @@ class HandlerModel(kserve.Model):
         logger.error("%s answered %s to request %s:\n%s", self.name, answer, rid, error)
 
 
-def _body(payload: Any) -> bytes:
-    """The request body as the client sent it: v2 from kserve's parsed request, v1 from its JSON."""
-    if isinstance(payload, InferRequest):
-        rest, _ = payload.to_rest()
-        rest.pop("model_name", None)  # kserve adds it; a v2 client's body has none
-        return json.dumps(rest).encode("utf-8")
+def _v2_body(payload: InferRequest) -> dict[str, Any]:
+    """The v2 request as the client sent it, from kserve's parsed request."""
+    rest: Any = payload.to_rest()[0]  # a dict: kserve decoded any binary data into the inputs
+    rest.pop("model_name", None)  # kserve adds it; a v2 client's body has none
+    return rest
+
+
+def _v1_body(payload: Any) -> bytes:
+    """The v1 request body as the client sent it, from kserve's parsed JSON."""
     if isinstance(payload, (bytes, bytearray)):
         return bytes(payload)
     return json.dumps(payload).encode("utf-8")
