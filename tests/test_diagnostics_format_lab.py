@@ -8,6 +8,7 @@ C++ and runs under ``slow``.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import handlerkit as hk
 import handlerkit.formats
 from handlerkit._compare import same_output
 from handlerkit.diagnostics.format_lab import DEFAULT_FORMATS, FormatReport, FormatRow
-from handlerkit.errors import HandlerkitError
+from handlerkit.errors import HandlerkitError, HandlerkitWarning
 from handlerkit.handlers.base import BaseHandler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +187,9 @@ def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
     model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
     h = harness(model_dir)
     eager = h.run(BATCH).output
-    report = h.compare_formats(BATCH, formats=["export"], save="torchscript", repeat=2, warmup=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HandlerkitWarning)  # TorchServe's own BaseHandler serves TorchScript
+        report = h.compare_formats(BATCH, formats=["export"], save="torchscript", repeat=2, warmup=0)
 
     assert [r.format for r in report.rows] == ["eager", "export", "torchscript"]  # the saved one is tried
     assert report.saved is not None and report.saved.artifact == "model.torchscript.pt"
@@ -195,6 +198,18 @@ def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
     served = hk.Harness.open(model_dir, BaseHandler)
     assert same_output(served.run(BATCH).output, eager, 1e-5, 1e-5)
     assert served.handler.decisions.model_format == "torchscript"
+
+
+def test_saving_a_format_torchserve_does_not_serve_warns_with_the_fix(tmp_path):
+    model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
+    h = harness(model_dir)
+    with pytest.warns(HandlerkitWarning, match=r"^handlerkit: saved export into mlp/, which TorchServe 0.12's own "
+                      r"BaseHandler does not serve: TorchServe 0.12 does not load a .pt2") as caught:  # fmt: skip
+        report = h.compare_formats(BATCH, formats=[], save="export", repeat=1, warmup=0)
+    assert len(caught) == 1 and caught[0].filename == __file__  # once, pointing at the caller
+    assert "fix: serve the dir with a handler that subclasses hk.BaseHandler" in str(caught[0].message)
+    assert report.saved is not None and not report.saved.torchserve_serves
+    assert hk.Harness.open(model_dir, BaseHandler).run(BATCH).problems == []  # handlerkit serves it
 
 
 def test_save_refuses_a_format_that_disagrees_and_an_archive(tmp_path, monkeypatch):

@@ -344,5 +344,5 @@ def save_made(row: Any, model_dir: str, workdir: str, handler: Any, replace: boo
         return None, f"{fmt} was not saved into {model_dir}: {why}"
     artifact = artifact_path(fmt, workdir) if fmt in ARTIFACT_NAMES else None
     options = compile_options(handler) if fmt == "compile" else None
-    saved = save_format(model_dir, fmt, artifact=artifact, compile_options=options, replace=replace)
+    saved = save_format(model_dir, fmt, artifact=artifact, compile_options=options, replace=replace, warn=False)
     return saved, f"{saved} Open the model dir again to serve it."

@@ -265,7 +265,8 @@ def compare_formats(
         atol / rtol: the tolerance of "the same answers".
         directory: where to write the artifacts (default: a temporary directory, removed after).
         save: a format to save into the handler's model dir when its answers agree
-            (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``).
+            (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``);
+            ``onnx``, ``export`` and ``aoti`` warn that TorchServe's own BaseHandler does not serve them.
         replace: with ``save``, delete the files of earlier saves (never the original weights).
         progress: a progress bar (None: when someone is watching).
 
@@ -330,6 +331,8 @@ def compare_formats(
             bar.update(len(names))
         finally:
             handler.model = own
+    if report.saved is not None:
+        report.saved.warn_if_not_torchserve()  # here: the lab ignores warnings while it runs
     if any(row.log for row in report.rows):
         report.notes.append("what the exporters printed, logged or warned is kept in each row's .log")
     if report.rows and report.rows[0].first_call_ms is not None:
