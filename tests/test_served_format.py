@@ -2,7 +2,9 @@
 
 The fixture classifier is copied to a temporary dir; each format's file is written with
 ``formats.export_model`` (TorchScript in about a second, ONNX in three), then the dir is opened
-afresh and must answer as the original eager model did.
+afresh and must answer as the original eager model did. The last test saves TorchScript with
+the format lab's ``save=``, archives the dir and serves it under a real TorchServe 0.12 server
+with TorchServe's own ``image_classifier`` (marked ``server``, as tests/test_torchserve_server.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from handlerkit.errors import HandlerkitError, HandlerkitWarning
 from handlerkit.formats import export_model
 from handlerkit.handlers.base import BaseHandler
 from handlerkit.served_format import RECORD, plan_save, save_format
+
+from _ts_server import missing_requirements, serving
+
+_missing = missing_requirements()
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
@@ -165,3 +171,28 @@ def test_torchserve_worker_serves_the_saved_torchscript(tmp_path):
     service = ts_service(model_dir, batch_size=4)
     assert isinstance(ts_handler(service).model, torch.jit.ScriptModule)
     assert same_output(ts_answers(service, batch()), eager, 1e-4, 1e-4)
+
+
+@pytest.mark.torchserve
+@pytest.mark.server
+@pytest.mark.skipif(_missing is not None, reason=f"real TorchServe server: {_missing}")
+def test_real_torchserve_serves_the_saved_torchscript_as_handlerkit_serves_the_eager_dir(tmp_path):
+    from handlerkit import archive
+
+    model_dir = classifier_copy(tmp_path)
+    eager, _ = answers(model_dir)
+    report = hk.Harness.open(model_dir).compare_formats(batch(), formats=[], save="torchscript", repeat=1, warmup=0)
+    assert report.saved is not None and report.saved.torchserve_serves
+    mar = archive.build(model_dir, tmp_path / "store", model_name="shapes_torchscript")
+    packed = archive.inspect_archive(mar).manifest["model"]
+    assert packed["serializedFile"] == "model.torchscript.pt" and "modelFile" not in packed
+    assert packed["handler"] == "image_classifier"  # TorchServe's own, on its own BaseHandler
+
+    with serving(tmp_path / "ts", {"shapes_torchscript": mar}, 180) as ts:
+        served = []
+        for image in IMAGES:
+            resp = ts.predict("shapes_torchscript", image.read_bytes(), {"Content-Type": "image/png"})
+            assert resp.status == 200, f"{resp}\n{ts.diagnostics(lines=25)}"
+            served.append(resp.json())
+    assert same_output(served, eager, 1e-4, 1e-4), (served, eager)
+    assert [max(answer, key=answer.get) for answer in served] == ["circle", "cross", "square"]
