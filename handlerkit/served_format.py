@@ -61,6 +61,15 @@ _TORCHSERVE = {
     "aoti": "TorchServe 0.12 loads only the legacy AOTInductor .so (with pt2.export.aot_compile), not a .pt2 "
     "package: handlerkit only",
 }
+#: The formats TorchServe 0.12's own BaseHandler does not serve, and the fix :func:`save_format` warns with.
+_NOT_TORCHSERVE_FIX = {
+    "onnx": "serve the dir with a handler that subclasses hk.BaseHandler (handlerkit in the worker), or override "
+    "inference to call self.model.run; for TorchServe's own BaseHandler save torchscript or eager",
+    "export": "serve the dir with a handler that subclasses hk.BaseHandler (handlerkit in the worker); for "
+    "TorchServe's own BaseHandler save torchscript or eager",
+    "aoti": "serve the dir with a handler that subclasses hk.BaseHandler (handlerkit in the worker); for "
+    "TorchServe's own BaseHandler save torchscript or eager",
+}
 
 
 @dataclass
@@ -93,6 +102,25 @@ class SavedFormat:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    @property
+    def torchserve_serves(self) -> bool:
+        """TorchServe 0.12's own BaseHandler loads the format and runs it with its default inference."""
+        return self.format not in _NOT_TORCHSERVE_FIX
+
+    def warn_if_not_torchserve(self) -> None:
+        """A :class:`~handlerkit.errors.HandlerkitWarning` with the fix when TorchServe 0.12's own
+        BaseHandler would not serve the format (``onnx``, ``export``, ``aoti``)."""
+        if self.torchserve_serves:
+            return
+        from handlerkit._stack import user_stacklevel
+
+        warnings.warn(
+            f"handlerkit: saved {self.format} into {os.path.basename(self.model_dir)}/, which TorchServe 0.12's own "
+            f"BaseHandler does not serve: {self.torchserve}\n  fix: {_NOT_TORCHSERVE_FIX[self.format]}",
+            HandlerkitWarning,
+            stacklevel=user_stacklevel(),
+        )
 
     def __str__(self) -> str:
         what = f"{self.artifact}, " if self.artifact else ""
@@ -162,8 +190,14 @@ def save_format(
     artifact: str | os.PathLike[str] | None = None,
     compile_options: dict[str, Any] | None = None,
     replace: bool = False,
+    warn: bool = True,
 ) -> SavedFormat:
     """Make ``model_dir`` serve ``fmt``: copy ``artifact`` in, point the manifest and config at it.
+
+    ``hk.BaseHandler`` loads every format saved. TorchServe 0.12's own BaseHandler (and the
+    built-in handlers on it) serves ``eager``, ``compile`` and ``torchscript``; it opens an
+    ``onnx`` file with onnxruntime but its default inference cannot run the session, and it
+    does not load a ``.pt2`` (``export``, ``aoti``). Saving one of those three warns, with the fix.
 
     Args:
         fmt: one of :data:`SAVABLE`.
@@ -171,6 +205,12 @@ def save_format(
             torchscript, onnx, export and aoti; none for eager and compile.
         compile_options: ``torch.compile``'s keyword arguments for ``compile`` (default: none).
         replace: delete the files of earlier saves (never the original weights).
+        warn: warn when TorchServe's own BaseHandler would not serve ``fmt``
+            (:meth:`SavedFormat.warn_if_not_torchserve`; the format lab warns once it is done).
+
+    Warns:
+        HandlerkitWarning: ``fmt`` is ``onnx``, ``export`` or ``aoti``: TorchServe 0.12's own
+            BaseHandler does not serve it.
 
     Raises:
         ValueError: an unknown format, or an artifact missing or given where none is taken.
@@ -183,6 +223,8 @@ def save_format(
         raise ValueError(f"saving {fmt!r} needs the exported file: {os.fspath(artifact)!r} is no file")
     plan = plan_save(model_dir, fmt, compile_options=compile_options, replace=replace)
     _write(plan, artifact)
+    if warn:
+        plan.warn_if_not_torchserve()
     return plan
 
 

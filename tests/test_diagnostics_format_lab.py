@@ -8,6 +8,7 @@ C++ and runs under ``slow``.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import handlerkit as hk
 import handlerkit.formats
 from handlerkit._compare import same_output
 from handlerkit.diagnostics.format_lab import DEFAULT_FORMATS, FormatReport, FormatRow
-from handlerkit.errors import HandlerkitError
+from handlerkit.errors import HandlerkitError, HandlerkitWarning
 from handlerkit.handlers.base import BaseHandler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,9 +83,15 @@ def test_fixture_classifier_agrees_in_every_default_format():
     assert data["rows"][2]["batch_sizes"] == {"1": "ok", "3": "ok", "4": "ok"}
 
 
-def test_a_model_that_does_not_export_names_its_line_and_the_fix(tmp_path):
+def test_a_model_that_does_not_export_names_its_line_and_the_fix(tmp_path, capfd):
     h = harness(write_model_dir(tmp_path / "branchy", BRANCH_MODEL_PY))
     report = h.compare_formats(BATCH, formats=["export", "onnx", "torchscript"], repeat=2, warmup=0)
+    out, err = capfd.readouterr()
+
+    # The exporters' graph dumps and warnings stay on the rows: nothing reaches a cell or terminal.
+    assert "y.sum()" not in out + err and "def forward" not in out + err, err[-2000:]
+    assert "if y.sum() > 0" in report.row("export").log and "if y.sum() > 0" in report.row("onnx").log
+    assert "kept in each row's .log" in " ".join(report.notes)
 
     assert not report.ok
     for fmt in ("export", "onnx"):
@@ -180,7 +187,9 @@ def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
     model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
     h = harness(model_dir)
     eager = h.run(BATCH).output
-    report = h.compare_formats(BATCH, formats=["export"], save="torchscript", repeat=2, warmup=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HandlerkitWarning)  # TorchServe's own BaseHandler serves TorchScript
+        report = h.compare_formats(BATCH, formats=["export"], save="torchscript", repeat=2, warmup=0)
 
     assert [r.format for r in report.rows] == ["eager", "export", "torchscript"]  # the saved one is tried
     assert report.saved is not None and report.saved.artifact == "model.torchscript.pt"
@@ -189,6 +198,18 @@ def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
     served = hk.Harness.open(model_dir, BaseHandler)
     assert same_output(served.run(BATCH).output, eager, 1e-5, 1e-5)
     assert served.handler.decisions.model_format == "torchscript"
+
+
+def test_saving_a_format_torchserve_does_not_serve_warns_with_the_fix(tmp_path):
+    model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
+    h = harness(model_dir)
+    with pytest.warns(HandlerkitWarning, match=r"^handlerkit: saved export into mlp/, which TorchServe 0.12's own "
+                      r"BaseHandler does not serve: TorchServe 0.12 does not load a .pt2") as caught:  # fmt: skip
+        report = h.compare_formats(BATCH, formats=[], save="export", repeat=1, warmup=0)
+    assert len(caught) == 1 and caught[0].filename == __file__  # once, pointing at the caller
+    assert "fix: serve the dir with a handler that subclasses hk.BaseHandler" in str(caught[0].message)
+    assert report.saved is not None and not report.saved.torchserve_serves
+    assert hk.Harness.open(model_dir, BaseHandler).run(BATCH).problems == []  # handlerkit serves it
 
 
 def test_save_refuses_a_format_that_disagrees_and_an_archive(tmp_path, monkeypatch):

@@ -47,6 +47,8 @@ def read_settings(report: CompileReport, view: HarnessView, handler: Any) -> Non
         report.pt2_schema = str(decision.schema)
         report.pt2_settings = dict(decision.options)
         report.requested, report.reason, report.error = bool(decision.requested), str(decision.reason), decision.error
+        shipped = getattr(decision, "cache", None)
+        report.shipped_cache = dict(shipped) if isinstance(shipped, dict) and shipped.get("found") else None
     else:
         pt2 = _parse_pt2(getattr(view.context, "model_yaml_config", None))
         if pt2 is not None:

@@ -16,16 +16,28 @@ following call raised this error"; ``torch.jit.script`` in its own message, the 
 ``torch.jit.trace`` and plain Python errors in the traceback. The line shown is the last one
 in the model's own source files (its class's and its submodules'), or failing that the last
 one outside torch and handlerkit.
+
+The exporters talk: a failing ``torch.export`` logs FX graph dumps and "Unable to find user
+code" lines through torch's loggers, TorchScript and the ONNX exporter warn, and native code
+writes to file descriptor 2, which Jupyter forwards into the cell. :func:`quiet` keeps all of it
+on the row (``FormatRow.log``) instead: the report is what the lab has to say.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import linecache
+import logging
 import os
 import re
+import sys
+import tempfile
 import time
 import traceback
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +48,7 @@ __all__ = [
     "compile_options",
     "explain_failure",
     "make",
+    "quiet",
     "save_dir",
     "save_made",
 ]
@@ -82,6 +95,7 @@ class Made:
     load_s: float | None = None
     artifact_bytes: int | None = None
     exported: bool = field(default=False)
+    log: str = ""
 
     def facts(self) -> dict[str, Any]:
         """Every field but the model."""
@@ -167,6 +181,51 @@ def _fix(fmt: str, chain: list[BaseException], where: str | None) -> str:
     return f"change the model{at} so that {_EXPORTERS[fmt]} can follow it, or serve a format that exported"
 
 
+@contextlib.contextmanager
+def quiet(log: list[str]) -> Iterator[None]:
+    """Keep what the code inside prints, logs, warns or writes to file descriptors 1 and 2 in ``log``.
+
+    Python's ``sys.stdout``/``sys.stderr``, the logging handlers that write to them (torch's
+    loggers hold the stream they were made with, so redirecting ``sys.stderr`` alone misses
+    them), warnings, and the descriptors native code writes to. Each block appends one string."""
+    console = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if stream}
+    text = io.StringIO()
+    handlers = [
+        handler
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+        if isinstance(logger, logging.Logger)
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in console
+    ]
+    with contextlib.ExitStack() as stack:
+        native = stack.enter_context(tempfile.TemporaryFile(mode="w+b"))
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        saved_fds = []
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):  # no such descriptor (pythonw): nothing to keep
+                saved_fds.append((fd, os.dup(fd)))
+                os.dup2(native.fileno(), fd)
+        previous = [(handler, handler.setStream(text)) for handler in dict.fromkeys(handlers)]
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        try:
+            with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+                yield
+        finally:
+            for handler, stream in previous:
+                handler.setStream(stream)
+            for fd, saved in saved_fds:
+                os.dup2(saved, fd)
+                os.close(saved)
+            native.seek(0)
+            said = native.read().decode("utf-8", "replace") + text.getvalue()
+            said += "".join(dict.fromkeys(f"{w.category.__name__}: {w.message}\n" for w in caught))
+            if said.strip():
+                log.append(said)
+
+
 def artifact_path(fmt: str, workdir: str) -> str:
     """Where :func:`make` writes format ``fmt``'s file in ``workdir``."""
     return os.path.join(workdir, f"{fmt}-{_FILES[fmt]}")
@@ -179,7 +238,16 @@ def compile_options(handler: Any) -> dict[str, Any]:
 
 
 def make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Made:
-    """Export ``eager`` to ``fmt`` (example ``inputs``, files in ``workdir``) and load it onto the handler's device."""
+    """Export ``eager`` to ``fmt`` (example ``inputs``, files in ``workdir``) and load it onto the
+    handler's device; what the exporter printed, logged or warned is kept in ``log``."""
+    log: list[str] = []
+    with quiet(log):
+        made = _make(fmt, eager, inputs, workdir, handler)
+    made.log = "".join(log)
+    return made
+
+
+def _make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Made:
     import torch
 
     from handlerkit.formats import load_model
@@ -276,5 +344,5 @@ def save_made(row: Any, model_dir: str, workdir: str, handler: Any, replace: boo
         return None, f"{fmt} was not saved into {model_dir}: {why}"
     artifact = artifact_path(fmt, workdir) if fmt in ARTIFACT_NAMES else None
     options = compile_options(handler) if fmt == "compile" else None
-    saved = save_format(model_dir, fmt, artifact=artifact, compile_options=options, replace=replace)
+    saved = save_format(model_dir, fmt, artifact=artifact, compile_options=options, replace=replace, warn=False)
     return saved, f"{saved} Open the model dir again to serve it."

@@ -75,6 +75,8 @@ class CompileReport(Rendered):
             into Dynamo's own and the backend's (Inductor's share of it when Inductor ran).
         cold_compile_s / cache_load_s: the same compile split by graph: compiled cold, or
             loaded from Inductor's FX graph cache (each frame's cache states are in ``frames``).
+        shipped_cache: what became of the model dir's shipped compile cache (``compile-cache.bin``,
+            :class:`handlerkit.compile_cache.CacheLoad` as a dict); None when it ships none.
         frames: every frame compiled during the report (:class:`CompiledFrame`).
         graph_breaks: deduplicated (:class:`GraphBreak`).
         recompiles: frames compiled again, with the failed guard (:class:`Recompile`).
@@ -106,6 +108,7 @@ class CompileReport(Rendered):
     inductor_s: float | None = None
     cold_compile_s: float | None = None
     cache_load_s: float | None = None
+    shipped_cache: dict[str, Any] | None = None
     frames: list[CompiledFrame] = field(default_factory=list)
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     recompiles: list[Recompile] = field(default_factory=list)
@@ -149,10 +152,16 @@ class CompileReport(Rendered):
         return all(g.outcome == "no recompile" for g in self.gate)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-serialisable data (front ends and notebooks read this)."""
+        """Plain, JSON-serialisable data (front ends and notebooks read this); ``graph_caches``
+        lists each graph's cache outcomes, next to ``cold_compile_s`` / ``cache_load_s``."""
         data = asdict(self)
         data["speedup"] = self.speedup
         data["gate_ok"] = self.gate_ok
+        data["graph_caches"] = [  # per compiled graph: what the caches did (hit / miss / bypass: reason)
+            {"compile_id": f.compile_id, "function": f.function, "fx_graph_cache": f.fx_graph_cache,
+             "aot_autograd_cache": f.aot_autograd_cache, "cache_hit": f.cache_hit}
+            for f in self.graphs
+        ]  # fmt: skip
         return data
 
     # -- rendering --------------------------------------------------------------------------
@@ -192,6 +201,8 @@ class CompileReport(Rendered):
             settings.append(["error", self.error])
         if self.dynamic_inputs:
             settings.append(["dynamic inputs", "; ".join(self.dynamic_inputs)])
+        if self.shipped_cache is not None:
+            settings.append(["shipped compile cache", self.shipped_cache.get("reason", "")])
         cost: list[list[Any]] = []
         if self.first_call_ms is not None:
             cost.append(["first call ms", self.first_call_ms])

@@ -35,7 +35,7 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._text import format_bytes, suggestion
 from handlerkit.diagnostics._compile_gate import eager_model
-from handlerkit.diagnostics._format_export import ExportFailure, make, save_dir, save_made
+from handlerkit.diagnostics._format_export import ExportFailure, make, quiet, save_dir, save_made
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs
 from handlerkit.diagnostics.timing import TimingStats, summarize
@@ -70,6 +70,8 @@ class FormatRow:
         artifact_bytes: the exported file's size.
         batch_sizes: batch size → ``"ok"``, ``"wrong output"`` or ``"error: ..."``.
         error: a failure after exporting (loading or running), as ``Type: message``.
+        log: what the exporter and the format's first calls printed, logged or warned (the lab
+            keeps it here rather than let it reach the notebook cell or terminal).
     """
 
     format: str
@@ -88,6 +90,7 @@ class FormatRow:
     artifact_bytes: int | None = None
     batch_sizes: dict[int, str] = field(default_factory=dict)
     error: str | None = None
+    log: str = ""
 
     @property
     def agrees(self) -> bool:
@@ -262,7 +265,8 @@ def compare_formats(
         atol / rtol: the tolerance of "the same answers".
         directory: where to write the artifacts (default: a temporary directory, removed after).
         save: a format to save into the handler's model dir when its answers agree
-            (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``).
+            (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``);
+            ``onnx``, ``export`` and ``aoti`` warn that TorchServe's own BaseHandler does not serve them.
         replace: with ``save``, delete the files of earlier saves (never the original weights).
         progress: a progress bar (None: when someone is watching).
 
@@ -313,8 +317,11 @@ def compare_formats(
             for row in report.rows:
                 if row.format in models:
                     bar.set_description(f"formats of {view.name}: first call of {row.format}")
-                    _first_calls(row, models[row.format], view, batch, data, reference, atol, rtol)
-                    _batch_sizes(row, models[row.format], eager, inputs, len(batch), atol, rtol)
+                    said = [row.log]
+                    with quiet(said):
+                        _first_calls(row, models[row.format], view, batch, data, reference, atol, rtol)
+                        _batch_sizes(row, models[row.format], eager, inputs, len(batch), atol, rtol)
+                    row.log = "".join(said)
                 bar.update()
             bar.set_description(f"formats of {view.name}: steady state")
             _steady(report, models, handler, data, warmup, repeat)
@@ -324,6 +331,10 @@ def compare_formats(
             bar.update(len(names))
         finally:
             handler.model = own
+    if report.saved is not None:
+        report.saved.warn_if_not_torchserve()  # here: the lab ignores warnings while it runs
+    if any(row.log for row in report.rows):
+        report.notes.append("what the exporters printed, logged or warned is kept in each row's .log")
     if report.rows and report.rows[0].first_call_ms is not None:
         report.notes.append("eager's first call is not fresh: the reference run called the model before it")
     return report
