@@ -1,5 +1,6 @@
 """``archive.build(..., compile_cache=batch)`` and ``handlerkit archive --compile-cache``: the handler's
-model compiled in a fresh process, its cache shipped, and hit by a fresh process with an empty cache dir.
+model compiled in a fresh process, its cache and C++ kernels shipped, and hit by a fresh process with an empty
+cache dir that builds no kernel.
 
 Every test here starts Python processes (and the end-to-end one compiles with Inductor): ``slow``.
 """
@@ -20,6 +21,7 @@ import handlerkit as hk
 from handlerkit import archive
 from handlerkit.cli import main
 from handlerkit.compile_cache import CACHE_FILE, TAG_FILE
+from handlerkit.compile_kernels import KERNELS_FILE, current_facts
 from handlerkit.errors import HandlerkitError
 
 pytestmark = pytest.mark.slow
@@ -46,17 +48,25 @@ INDUCTOR = "pt2:\n  compile:\n    enable: true\n    backend: inductor\n"
 ROW = [1.0, 2.0, 3.0, 4.0]
 
 # A fresh process, an empty cache dir: serve the archive once and say what the caches did.
+# Every C++ library Inductor builds is counted (its preprocessing of headers into a temp dir is not).
 FRESH = """
-import json, sys, time
+import json, os, sys, time
 import handlerkit as hk
 from torch._dynamo.utils import counters
+from torch._inductor import cpp_builder
+built, build = [], cpp_builder.CppBuilder.build
+def counted(self):
+    built.append(self.get_target_file_path())
+    return build(self)
+cpp_builder.CppBuilder.build = counted
 with hk.Service.open(sys.argv[1]) as svc:
     svc.initialize()
     start = time.perf_counter()
     answer = svc.handle(hk.batch(hk.Request.json({row})))
     first = time.perf_counter() - start
     caches = {{f"{{k}}.{{n}}": v for k in ("inductor", "aot_autograd") for n, v in counters[k].items() if "cache" in n}}
-    print(json.dumps({{"cache": svc.handler.decisions.compile.cache, "counters": caches, "answer": answer, "first_s": first}}))
+    print(json.dumps({{"cache": svc.handler.decisions.compile.cache, "counters": caches, "answer": answer, "first_s": first,
+                      "built": [p for p in built if p.startswith(os.environ["TORCHINDUCTOR_CACHE_DIR"])]}}))
 """
 
 
@@ -84,8 +94,9 @@ def test_the_shipped_cache_is_hit_by_a_fresh_process_with_an_empty_cache_dir(tmp
     with zipfile.ZipFile(mar) as zf:
         names = zf.namelist()
         tag = json.loads(zf.read(TAG_FILE))
-    assert CACHE_FILE in names and TAG_FILE in names
+    assert {CACHE_FILE, TAG_FILE, KERNELS_FILE} <= set(names)
     assert tag["device_kind"] == "cpu" and tag["artifacts"]["inductor"] >= 1 and tag["artifacts"]["aot_autograd"] >= 1
+    assert tag["kernels"]["files"] >= 2 and tag["kernels"]["machine"] == current_facts()["machine"]
 
     # The CLI, from the same model dir: the recording now hits the machine's warm cache, and ships it all the same.
     request = tmp_path / "row.json"
@@ -94,7 +105,7 @@ def test_the_shipped_cache_is_hit_by_a_fresh_process_with_an_empty_cache_dir(tmp
     data = json.loads(capsys.readouterr().out)
     assert code == 0, data
     assert data["compile_cache"]["artifacts"] == tag["artifacts"]
-    assert {f["name"] for f in data["files"]} >= {CACHE_FILE, TAG_FILE}
+    assert {f["name"] for f in data["files"]} >= {CACHE_FILE, TAG_FILE, KERNELS_FILE}
 
     served = serve_fresh(Path(data["path"]), tmp_path / "empty-cache")
     assert served["cache"]["loaded"], served["cache"]["reason"]
@@ -102,3 +113,6 @@ def test_the_shipped_cache_is_hit_by_a_fresh_process_with_an_empty_cache_dir(tmp
     assert counters.get("inductor.fxgraph_cache_hit", 0) >= 1 and "inductor.fxgraph_cache_miss" not in counters
     assert counters.get("aot_autograd.autograd_cache_hit", 0) >= 1 and "aot_autograd.autograd_cache_miss" not in counters
     assert len(served["answer"]) == 1 and len(served["answer"][0]) == 3
+    # The kernels came with the archive: the fresh process built no C++ library at all.
+    assert served["cache"]["kernels"]["restored"] >= 2, served["cache"]["kernels"]
+    assert served["built"] == []
