@@ -150,6 +150,9 @@ def load_shipped(model_dir: str, device_kind: str, device: Any = None) -> CacheL
         return result
     import torch
 
+    from handlerkit.compile_kernels import apply_config
+
+    changed = apply_config(result.tag.get("inductor_config"))  # before any compile: the FX graph keys hold them
     start = time.perf_counter()
     with open(cache, "rb") as f:
         info = torch.compiler.load_cache_artifacts(f.read())
@@ -160,6 +163,8 @@ def load_shipped(model_dir: str, device_kind: str, device: Any = None) -> CacheL
     result.loaded, result.artifacts = True, _counts(info)
     listed = ", ".join(f"{n} {kind}" for kind, n in result.artifacts.items()) or "no artifacts"
     result.reason = f"loaded {listed} from {CACHE_FILE} (tag matches) in {result.seconds:.2f} s"
+    if changed:
+        result.reason += f"; set {changed} as when recorded"
     result.kernels = restore_kernels(model_dir, result.tag)
     return result
 

@@ -9,6 +9,13 @@ was built from, both named after one hash of that source and its compile command
 and torch's include paths, so the same source gives the same name in any process of the same
 install, and Inductor builds nothing when a file of that name is there.
 
+Inductor's precompiled header (``cpp_cache_precompile_headers``, on by default) would undo
+this: a process builds it (a ~150 MB ``.gch``, seconds to tens of seconds) before it even looks
+for a kernel's binary, and it lives outside the cache dir, in the temp dir. Shipped binaries
+need no header, so the recording turns it off (:func:`recording_config`), and since the FX
+graph cache's key includes that setting, the serving process turns it off too
+(:func:`apply_config`) before its first compile, or every shipped entry would miss.
+
 So the recording process notes the key of every source Inductor writes or looks up
 (:func:`record_sources`), :func:`pack` zips the files of the cache dir that carry those keys,
 and :func:`restore` puts them back in this process's cache dir, never over a file it already
@@ -28,11 +35,53 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["KERNELS_FILE", "current_facts", "mismatch", "pack", "record_sources", "restore"]
+__all__ = [
+    "KERNELS_FILE",
+    "RECORDING_CONFIG",
+    "apply_config",
+    "current_facts",
+    "mismatch",
+    "pack",
+    "record_sources",
+    "recording_config",
+    "restore",
+    "without_isa_probes",
+]
 
 KERNELS_FILE = "compile-kernels.zip"
 #: Files of a key Inductor rebuilds or rewrites cheaply itself: not shipped.
 _SKIPPED = (".lock", ".py")
+
+
+#: Inductor settings the recording runs under, in the tag, applied again where it is served.
+RECORDING_CONFIG: dict[str, Any] = {"cpp_cache_precompile_headers": False}
+
+
+def recording_config() -> dict[str, Any]:
+    """Set :data:`RECORDING_CONFIG` in this process (the recording child); the settings, for the tag."""
+    from torch._inductor import config
+
+    for name, value in RECORDING_CONFIG.items():
+        setattr(config, name, value)
+    return dict(RECORDING_CONFIG)
+
+
+def apply_config(recorded: Any) -> str | None:
+    """Set the Inductor settings a cache was recorded under (only those of :data:`RECORDING_CONFIG`).
+
+    Returns what changed, for the load's reason; None when nothing did. Process-wide, as the
+    compile cache itself: a later compile of another model here also runs without them.
+    """
+    from torch._inductor import config
+
+    if not isinstance(recorded, dict):
+        return None
+    changed = []
+    for name, value in recorded.items():
+        if name in RECORDING_CONFIG and getattr(config, name, value) != value:
+            setattr(config, name, value)
+            changed.append(f"torch._inductor.config.{name} = {value!r}")
+    return ", ".join(changed) or None
 
 
 @functools.lru_cache(1)
@@ -61,6 +110,50 @@ def mismatch(shipped: dict[str, Any], here: dict[str, Any]) -> str | None:
         f"{key} {shipped.get(key)!r} (here {here.get(key)!r})" for key in here if shipped.get(key) != here[key]
     ]
     return "the kernels were built with " + ", ".join(different) if different else None
+
+
+@contextlib.contextmanager
+def without_isa_probes() -> Iterator[None]:
+    """While open, loading an AOTInductor package compiles no CPU-ISA probe.
+
+    The loader asks for this machine's vector ISA only to compare it with the package's (a
+    warning: the package is compiled already), and torch answers by compiling a probe program
+    per ISA, seconds in a fresh process with an empty cache dir. Here that one comparison is
+    left out, unless the ISA is known in this process already (then it costs nothing).
+    """
+    try:
+        from torch._inductor import codecache, cpu_vec_isa
+
+        original = codecache.get_device_information
+        known = cpu_vec_isa.valid_vec_isa_list.cache_info().currsize > 0
+    except (ImportError, AttributeError):  # another torch: load as it does
+        yield
+        return
+    if known:
+        yield
+        return
+
+    def without_isa(device_type: str) -> dict[str, str]:
+        return {k: v for k, v in _device_information(device_type).items() if k != "AOTI_CPU_ISA"}
+
+    codecache.get_device_information = without_isa  # the loader imports it at each load
+    try:
+        yield
+    finally:
+        codecache.get_device_information = original
+
+
+def _device_information(device_type: str) -> dict[str, str]:
+    """torch's ``get_device_information`` less the ISA (which it computes by probing)."""
+    import sys
+
+    from torch._inductor.codecache import get_interface_for_device
+
+    return {
+        "AOTI_PLATFORM": sys.platform,
+        "AOTI_MACHINE": platform.machine(),
+        "AOTI_COMPUTE_CAPABILITY": str(get_interface_for_device(device_type).get_compute_capability()),
+    }
 
 
 @contextlib.contextmanager

@@ -84,16 +84,22 @@ def ship_kernels(model_dir: Path) -> None:
 
 
 def test_matching_kernels_are_restored_into_the_inductor_cache_dir(tmp_path, monkeypatch):
+    from torch._inductor import config
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    ship(tmp_path, data=b"the artifacts", kernels={**current_facts(), "files": 1})
+    recorded_under = {"cpp_cache_precompile_headers": False}
+    ship(tmp_path, data=b"the artifacts", kernels={**current_facts(), "files": 1}, inductor_config=recorded_under)
     ship_kernels(tmp_path)
 
     class Info:
         artifacts = {"inductor": ["k1"]}
 
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: Info())
-    result = load_shipped(str(tmp_path), "cpu")
+    with config.patch(cpp_cache_precompile_headers=True):
+        result = load_shipped(str(tmp_path), "cpu")
+        assert config.cpp_cache_precompile_headers is False  # the FX graph cache keys were made so
     assert result.loaded and result.kernels["found"] and result.kernels["restored"] == 1
+    assert result.reason.endswith("; set torch._inductor.config.cpp_cache_precompile_headers = False as when recorded")
     assert result.kernels["reason"] == "restored 1 kernel files into the Inductor cache dir (0 were there)"
     assert (tmp_path / "inductor" / "ab" / "cabc.so").read_bytes() == b"library"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import zipfile
 from pathlib import Path
@@ -9,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from handlerkit import compile_kernels
-from handlerkit.compile_kernels import KERNELS_FILE, current_facts, mismatch, pack, record_sources, restore
+from handlerkit.compile_kernels import (
+    KERNELS_FILE,
+    apply_config,
+    current_facts,
+    mismatch,
+    pack,
+    record_sources,
+    recording_config,
+    restore,
+)
 
 
 @pytest.fixture
@@ -91,3 +101,41 @@ def test_restore_refuses_a_member_outside_the_cache_dir(cache_dir, tmp_path):
 
 def test_cache_dir_follows_the_environment(cache_dir):
     assert compile_kernels.cache_dir() == str(cache_dir)
+
+
+def test_the_recording_turns_precompiled_headers_off_and_the_server_follows():
+    from torch._inductor import config
+
+    with config.patch(cpp_cache_precompile_headers=True):  # its own undo: a config module is no plain object
+        assert recording_config() == {"cpp_cache_precompile_headers": False}
+        assert config.cpp_cache_precompile_headers is False
+    with config.patch(cpp_cache_precompile_headers=True):
+        changed = apply_config({"cpp_cache_precompile_headers": False, "max_autotune": True})  # only the recording's keys
+        assert changed == "torch._inductor.config.cpp_cache_precompile_headers = False"
+        assert config.cpp_cache_precompile_headers is False and config.max_autotune is False
+        assert apply_config({"cpp_cache_precompile_headers": False}) is None  # already so
+        assert apply_config(None) is None
+    assert config.cpp_cache_precompile_headers is True
+
+
+def test_without_isa_probes_an_aoti_load_compares_all_but_the_isa(cache_dir, monkeypatch):
+    from torch._inductor import codecache, cpp_builder, cpu_vec_isa
+
+    built: list[str] = []
+    monkeypatch.setattr(cpp_builder.CppBuilder, "build", lambda self: built.append(self.get_target_file_path()))
+    monkeypatch.setattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", lambda: functools._CacheInfo(0, 0, None, 0))
+    torch_info = codecache.get_device_information
+    with compile_kernels.without_isa_probes():
+        info = codecache.get_device_information("cpu")
+    assert built == [] and codecache.get_device_information is torch_info
+    assert "AOTI_CPU_ISA" not in info and info["AOTI_MACHINE"] == current_facts()["machine"]
+    assert set(info) == {"AOTI_PLATFORM", "AOTI_MACHINE", "AOTI_COMPUTE_CAPABILITY"}
+
+
+def test_with_the_isa_known_an_aoti_load_compares_it_too(monkeypatch):
+    from torch._inductor import codecache, cpu_vec_isa
+
+    monkeypatch.setattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", lambda: functools._CacheInfo(0, 0, None, 1))
+    torch_info = codecache.get_device_information
+    with compile_kernels.without_isa_probes():
+        assert codecache.get_device_information is torch_info

@@ -12,7 +12,9 @@ A fresh process because ``save_cache_artifacts`` holds every artifact compiled i
 since it started: in a notebook that has compiled other models, or this one already (Dynamo
 would then compile nothing new), an in-process recording would ship the wrong set. The child
 keeps the environment's ``TORCHINDUCTOR_CACHE_DIR``: a hit in the local cache is recorded as
-well as a fresh compile, so a warm machine records in seconds.
+well as a fresh compile, so a warm machine records in seconds. It compiles without Inductor's
+precompiled header (:data:`~handlerkit.compile_kernels.RECORDING_CONFIG`, which says why), so
+its first recording on a machine misses the entries a server compiled with it.
 """
 
 from __future__ import annotations
@@ -115,11 +117,12 @@ def _child(model_dir: str, batch_path: str, out_dir: str) -> dict[str, Any]:
     """In the child: open, initialize, answer the batch, save the artifacts and their tag."""
     import time
 
-    from handlerkit.compile_kernels import current_facts, pack, record_sources
+    from handlerkit.compile_kernels import current_facts, pack, record_sources, recording_config
     from handlerkit.service import Service
 
     with open(batch_path, "rb") as f:
         batch = pickle.load(f)
+    inductor_config = recording_config()
     with record_sources() as sources, Service.open(model_dir) as service:
         service.initialize()
         decision = getattr(getattr(service.handler, "decisions", None), "compile", None)
@@ -138,6 +141,7 @@ def _child(model_dir: str, batch_path: str, out_dir: str) -> dict[str, Any]:
             return {"error": f"the handler of {model_dir} answered the batch without compiling anything: no cache"}
         data, artifacts = saved
         tag = {**current_tag(service.handler.decisions.device_kind, service.handler.device), "artifacts": artifacts}
+        tag["inductor_config"] = inductor_config
         kernels = pack(sources, out_dir)
         if kernels is not None:
             tag["kernels"] = {**current_facts(), "files": kernels[1]}
