@@ -166,6 +166,8 @@ def load_shipped(model_dir: str, device_kind: str, device: Any = None) -> CacheL
     if changed:
         result.reason += f"; set {changed} as when recorded"
     result.kernels = restore_kernels(model_dir, result.tag)
+    if result.kernels["found"]:
+        result.reason += f"; {result.kernels['reason']}"
     return result
 
 
