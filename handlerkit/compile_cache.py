@@ -1,18 +1,22 @@
 """A compile cache shipped in a model dir: ``torch.compiler.save_cache_artifacts()``'s bytes and their tag.
 
 ``archive.build(..., compile_cache=batch)`` compiles the handler's model on a batch in a fresh
-process and leaves two files in the model dir (:mod:`handlerkit.archive.compile_cache`):
+process and leaves these files in the model dir (:mod:`handlerkit.archive.compile_cache`):
 
 - ``compile-cache.bin``: the bytes of ``torch.compiler.save_cache_artifacts()`` (Inductor's
   FX graph cache and the AOTAutograd cache entries of every graph compiled, the "mega-cache");
+- ``compile-kernels.zip`` (on CPU): the C++ kernels Inductor built from that source, which a
+  cache hit would otherwise build again (:mod:`handlerkit.compile_kernels`);
 - ``compile-cache.json``: the tag that decides whether those bytes can serve here — the torch
   version (with its git revision), the Python version and the device kind (with the device
   name on an accelerator), plus what was recorded, for people.
 
 ``hk.BaseHandler`` calls :func:`load_shipped` before its first compiled call: when the tag
 matches, ``torch.compiler.load_cache_artifacts()`` writes the entries into the local cache
-dirs (``TORCHINDUCTOR_CACHE_DIR``), so the first compile finds them; when it does not, nothing
-is loaded and :attr:`CacheLoad.reason` says why. torch itself refuses artifacts of another
+dirs (``TORCHINDUCTOR_CACHE_DIR``), so the first compile finds them, and the kernels are
+restored there when the machine, CPU capability and compiler they were built with match
+(:attr:`CacheLoad.kernels`); when it does not, nothing is loaded and :attr:`CacheLoad.reason`
+says why. torch itself refuses artifacts of another
 torch version silently (their keys never match): the tag makes that a decision one can read.
 """
 
@@ -22,10 +26,21 @@ import json
 import os
 import platform
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CACHE_FILE", "TAG_FILE", "TAG_KEYS", "CacheLoad", "current_tag", "load_shipped", "save_artifacts", "write"]
+__all__ = [
+    "CACHE_FILE",
+    "TAG_FILE",
+    "TAG_KEYS",
+    "CacheLoad",
+    "current_tag",
+    "load_shipped",
+    "restore_kernels",
+    "save_artifacts",
+    "write",
+]
 
 CACHE_FILE = "compile-cache.bin"
 TAG_FILE = "compile-cache.json"
@@ -44,6 +59,9 @@ class CacheLoad:
         artifacts: artifacts loaded per cache (``{"inductor": 1, "aot_autograd": 1}``).
         seconds: the time the load took.
         tag: the shipped tag, as read.
+        kernels: what became of the C++ kernels shipped beside it (``compile-kernels.zip``,
+            :mod:`handlerkit.compile_kernels`): ``found``, ``restored`` and ``present`` (files
+            written into the Inductor cache dir, files it already had) and ``reason``.
     """
 
     found: bool = False
@@ -52,6 +70,7 @@ class CacheLoad:
     artifacts: dict[str, int] = field(default_factory=dict)
     seconds: float | None = None
     tag: dict[str, Any] = field(default_factory=dict)
+    kernels: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,6 +150,9 @@ def load_shipped(model_dir: str, device_kind: str, device: Any = None) -> CacheL
         return result
     import torch
 
+    from handlerkit.compile_kernels import apply_config
+
+    changed = apply_config(result.tag.get("inductor_config"))  # before any compile: the FX graph keys hold them
     start = time.perf_counter()
     with open(cache, "rb") as f:
         info = torch.compiler.load_cache_artifacts(f.read())
@@ -141,7 +163,35 @@ def load_shipped(model_dir: str, device_kind: str, device: Any = None) -> CacheL
     result.loaded, result.artifacts = True, _counts(info)
     listed = ", ".join(f"{n} {kind}" for kind, n in result.artifacts.items()) or "no artifacts"
     result.reason = f"loaded {listed} from {CACHE_FILE} (tag matches) in {result.seconds:.2f} s"
+    if changed:
+        result.reason += f"; set {changed} as when recorded"
+    result.kernels = restore_kernels(model_dir, result.tag)
+    if result.kernels["found"]:
+        result.reason += f"; {result.kernels['reason']}"
     return result
+
+
+def restore_kernels(model_dir: str, tag: dict[str, Any]) -> dict[str, Any]:
+    """Restore the model dir's ``compile-kernels.zip`` when the binaries' facts match here."""
+    from handlerkit import compile_kernels
+
+    path = os.path.join(model_dir, compile_kernels.KERNELS_FILE)
+    if not os.path.isfile(path):
+        return {"found": False, "reason": f"no {compile_kernels.KERNELS_FILE}: the first call builds the C++ kernels"}
+    shipped = tag.get("kernels")
+    why = compile_kernels.mismatch(shipped if isinstance(shipped, dict) else {}, compile_kernels.current_facts())
+    if why is not None:
+        return {
+            "found": True,
+            "restored": 0,
+            "reason": f"{why}: not restored, the first call builds them; rebuild the archive where it will be served",
+        }
+    try:
+        restored, present = compile_kernels.restore(path)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        return {"found": True, "restored": 0, "reason": f"{compile_kernels.KERNELS_FILE} unreadable: {exc}"}
+    reason = f"restored {restored} kernel files into the Inductor cache dir ({present} were there)"
+    return {"found": True, "restored": restored, "present": present, "reason": reason}
 
 
 def _counts(info: Any) -> dict[str, int]:

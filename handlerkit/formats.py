@@ -346,8 +346,11 @@ def _load_onnx(path: str, device: Any) -> LoadedModel:
 def _load_aoti(path: str, device: Any) -> LoadedModel:
     import torch
 
+    from handlerkit.compile_kernels import without_isa_probes
+
     try:
-        model = torch._inductor.aoti_load_package(path)
+        with without_isa_probes():  # no C++ probe builds in a fresh process: the package is compiled
+            model = torch._inductor.aoti_load_package(path)
     except Exception as exc:
         raise ModelLoadError(f"torch._inductor.aoti_load_package({path!r}) failed: {exc}", path=path) from exc
     return LoadedModel(model, "aoti", "torch._inductor.aoti_load_package", path, _aoti_details())

@@ -80,3 +80,29 @@ def test_format_lab_benchmark_does_the_labs_work_plainly(tmp_path):
     batch = hk.batch(hk.Request.from_file(os.path.join(ROOT, "fixtures", "images", "circle.png")))
     format_lab.plain(h, batch, ["eager", "torchscript"], repeat=2, warmup=1, workdir=str(tmp_path))
     assert h.handler.model is model and any(p.name.startswith("torchscript") for p in tmp_path.iterdir())
+
+
+def test_cold_start_benchmark_judges_the_ratios_and_the_hits(capsys):
+    """benchmarks/compile_cold_start.py's verdict: shipped >= 8x faster than cold and within 1.5x
+    of warm with every cache lookup a hit; AOTInductor within 2x of eager. Each can fail alone."""
+    import compile_cold_start as bench
+
+    def row(first_s, hits=0, misses=0, built=0):
+        counters = {"inductor.fxgraph_cache_hit": hits, "inductor.fxgraph_cache_miss": misses}
+        return {"first_answer_s": first_s, "init_s": 0.1, "imports_s": 2.0, "built": built, "counters": counters,
+                "cache": {"kernels": {"reason": "restored 9 kernel files"}}}
+
+    def results(cold=16.0, warm=1.2, shipped=1.4, aoti=0.8, eager=0.5, misses=0):
+        return {"cold": [row(cold, misses=1, built=9)], "warm": [row(warm, hits=1)],
+                "shipped": [row(shipped, hits=2, misses=misses)], "aoti": [row(aoti)], "eager": [row(eager)]}
+
+    assert bench.report("m", results(), 4)
+    out = capsys.readouterr().out
+    assert "(a) cold / (c) shipped    11.43x  target >= 8\n" in out and "(c) cache hits           2/2  target 100 %\n" in out
+    assert "restored 9 kernel files" in out
+    assert not bench.report("m", results(cold=10.0), 4)  # 7.1x: not 8x faster than cold
+    assert "7.14x  target >= 8  MISSED" in capsys.readouterr().out
+    assert not bench.report("m", results(shipped=1.9), 4)  # 1.58x the warm start
+    assert not bench.report("m", results(aoti=1.1), 4)  # 2.2x eager
+    assert not bench.report("m", results(misses=1), 4)  # a miss: 2/3 hits
+    assert "2/3  target 100 %  MISSED" in capsys.readouterr().out

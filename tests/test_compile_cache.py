@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from conftest import MLP_MODEL_PY, eager_manifest, write_model_dir
 
 import handlerkit as hk
 from handlerkit import compile_cache
-from handlerkit.compile_cache import CACHE_FILE, TAG_FILE, current_tag, load_shipped, mismatch, write
+from handlerkit.compile_cache import CACHE_FILE, TAG_FILE, current_tag, load_shipped, mismatch, restore_kernels, write
+from handlerkit.compile_kernels import KERNELS_FILE, current_facts
 
 
 def ship(model_dir: Path, data: bytes = b"not a cache", **tag_changes: object) -> None:
@@ -74,6 +76,54 @@ def test_a_matching_tag_hands_the_bytes_to_torch(tmp_path, monkeypatch):
     assert seen == [b"the artifacts"]
     assert result.loaded and result.artifacts == {"inductor": 2, "aot_autograd": 1}
     assert result.reason.startswith(f"loaded 2 inductor, 1 aot_autograd from {CACHE_FILE} (tag matches) in ")
+
+
+def ship_kernels(model_dir: Path) -> None:
+    with zipfile.ZipFile(model_dir / KERNELS_FILE, "w") as zf:
+        zf.writestr("ab/cabc.so", b"library")
+
+
+def test_matching_kernels_are_restored_into_the_inductor_cache_dir(tmp_path, monkeypatch):
+    from torch._inductor import config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    recorded_under = {"cpp_cache_precompile_headers": False}
+    ship(tmp_path, data=b"the artifacts", kernels={**current_facts(), "files": 1}, inductor_config=recorded_under)
+    ship_kernels(tmp_path)
+
+    class Info:
+        artifacts = {"inductor": ["k1"]}
+
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: Info())
+    with config.patch(cpp_cache_precompile_headers=True):
+        result = load_shipped(str(tmp_path), "cpu")
+        assert config.cpp_cache_precompile_headers is False  # the FX graph cache keys were made so
+    assert result.loaded and result.kernels["found"] and result.kernels["restored"] == 1
+    assert result.reason.endswith(
+        "; set torch._inductor.config.cpp_cache_precompile_headers = False as when recorded"
+        "; restored 1 kernel files into the Inductor cache dir (0 were there)"
+    )
+    assert result.kernels["reason"] == "restored 1 kernel files into the Inductor cache dir (0 were there)"
+    assert (tmp_path / "inductor" / "ab" / "cabc.so").read_bytes() == b"library"
+
+
+def test_kernels_built_elsewhere_are_not_restored_and_say_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    ship_kernels(tmp_path)
+    tag = {"kernels": {**current_facts(), "cpp_compiler": "clang++: clang version 3.0"}}
+    kernels = restore_kernels(str(tmp_path), tag)
+    assert kernels["found"] and kernels["restored"] == 0
+    assert kernels["reason"].startswith("the kernels were built with cpp_compiler 'clang++: clang version 3.0' (here ")
+    assert kernels["reason"].endswith("not restored, the first call builds them; rebuild the archive where it will be served")
+    assert not (tmp_path / "inductor" / "ab").exists()
+    assert restore_kernels(str(tmp_path), {})["reason"].startswith("the kernels were built with machine None")
+
+
+def test_no_kernels_shipped_says_the_first_call_builds_them(tmp_path):
+    assert restore_kernels(str(tmp_path), {}) == {
+        "found": False,
+        "reason": f"no {KERNELS_FILE}: the first call builds the C++ kernels",
+    }
 
 
 def test_bytes_torch_cannot_read_are_reported(tmp_path):

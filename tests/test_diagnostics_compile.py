@@ -199,6 +199,35 @@ def test_mark_dynamic_in_preprocess_is_reported_and_passes_the_gate(mlp_dir):
     assert report.gate_ok is True and not report.recompiling_sizes
 
 
+#: A forward that pins a dynamic batch dimension: ``x.shape[0] == 2`` on line 10 of model.py (2, not the
+#: feature width 4: Dynamo gives equal sizes one symbol, and the guard would pin both).
+PINNING_MODEL_PY = '''\
+import torch
+
+
+class Pinning(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        if x.shape[0] == 2:
+            return self.fc(x) * 2
+        return self.fc(x)
+'''
+PINNING_LINE = 10
+
+
+def test_a_specialised_batch_dimension_names_the_users_line(tmp_path, request):
+    model_dir = write_model_dir(tmp_path / "pinning", unique(PINNING_MODEL_PY, request))
+    report = report_of(harness(model_dir, eager_pt2(dynamic=True)), BATCH, repeat=1)  # a batch of 2
+    batch_dim, width = report.specialisations  # the Linear pins the feature width (4) too, a line below
+    assert (batch_dim.dimension, batch_dim.value) == ("x: dim 0", "2") and batch_dim.guard.endswith(" == 2 (range_refined_to_singleton)")
+    assert batch_dim.where == f"{model_dir / 'model.py'}:{PINNING_LINE}" and batch_dim.code == "if x.shape[0] == 2:"
+    assert (width.dimension, width.value, width.line) == ("x: dim 1", "4", PINNING_LINE + 1)
+    assert f"model.py:{PINNING_LINE}" in str(report) and report.to_dict()["specialisations"][0]["line"] == PINNING_LINE
+
+
 def test_recompile_during_the_report_is_listed_with_its_reason(mlp_dir):
     h = harness(mlp_dir, eager_pt2())
     h.run(BATCH[:1] * 3)  # compiled for a batch of 3

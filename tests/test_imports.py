@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.formats": 2,
     "handlerkit.served_format": 2,  # a format saved into a model dir: file, manifest, pt2
     "handlerkit.compile_cache": 2,
+    "handlerkit.compile_kernels": 2,  # Inductor's C++ kernels shipped beside the compile cache
     # the archive package: rules, pack, write, read, extract, inspect, manifest, imports
     **{f"handlerkit.archive.{m}": 2 for m in ("rules", "pack", "write", "read", "extract", "inspect", "manifest", "imports")},
     # 3. handlers

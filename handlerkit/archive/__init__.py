@@ -132,7 +132,8 @@ def build(
             ``"deflate"`` (everything, as the archiver) or ``"store"``.
         compile_cache: a batch (``hk.batch(...)``): the handler's model is compiled on it in a
             fresh process, and ``compile-cache.bin`` (``torch.compiler.save_cache_artifacts()``)
-            and its tag ``compile-cache.json`` are packed too; ``hk.BaseHandler`` loads them
+            and its tag ``compile-cache.json`` are packed too, with ``compile-kernels.zip`` (the C++
+            kernels Inductor built, so a CPU cold start builds none); ``hk.BaseHandler`` loads them
             before its first compiled call where the tag matches
             (:mod:`~handlerkit.archive.compile_cache`).
 
@@ -171,20 +172,25 @@ def add_compile_cache(planned: Plan, batch: Any, workdir: str | os.PathLike[str]
     """Add a compile cache recorded on ``batch`` to ``planned`` (what ``compile_cache=`` does).
 
     The plan is written as a folder under ``workdir``, its handler compiled there in a fresh
-    process (:func:`~handlerkit.archive.compile_cache.record`), and ``compile-cache.bin`` and
-    ``compile-cache.json``, left in ``workdir``, join the plan: write it before ``workdir`` goes.
+    process (:func:`~handlerkit.archive.compile_cache.record`), and ``compile-cache.bin``,
+    ``compile-cache.json`` and (on CPU) ``compile-kernels.zip``, left in ``workdir``, join the
+    plan: write it before ``workdir`` goes.
     """
     import dataclasses
 
     from handlerkit.archive.compile_cache import record
+    from handlerkit.compile_kernels import KERNELS_FILE
 
     model_dir, cache_dir = Path(workdir, "model"), Path(workdir, "cache")
     cache_dir.mkdir(parents=True, exist_ok=True)
     folder = dataclasses.replace(planned, output_dir=model_dir).write("no-archive", progress=False)
     recorded = record(os.fspath(folder), batch, os.fspath(cache_dir), label=f"model {planned.model_name!r}")
     listed = ", ".join(f"{n} {kind}" for kind, n in recorded.artifacts.items())
-    names = {os.path.basename(recorded.cache), os.path.basename(recorded.tag)}
+    shipped = [(recorded.cache, f"compile cache ({listed})"), (recorded.tag, "the compile cache's tag")]
+    if recorded.kernels is not None:
+        shipped.append((recorded.kernels, "the compile cache's C++ kernels"))
+    names = {os.path.basename(path) for path in (recorded.cache, recorded.tag, recorded.kernels or KERNELS_FILE)}
     planned.files[:] = [f for f in planned.files if f.name not in names]  # an earlier recording is replaced
-    for path, what in ((recorded.cache, f"compile cache ({listed})"), (recorded.tag, "the compile cache's tag")):
+    for path, what in shipped:
         planned.files.append(PackedFile(os.path.basename(path), os.path.getsize(path), Path(path), what))
     return recorded

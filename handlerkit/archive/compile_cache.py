@@ -5,13 +5,16 @@ writes the planned archive as a folder in a temporary dir, then runs a child Pyt
 that opens it as the server would (:class:`~handlerkit.service.Service`), initializes the
 handler and answers the batch, so the model compiles as its ``pt2`` section says; the child
 then writes ``torch.compiler.save_cache_artifacts()``'s bytes and their tag
-(:mod:`handlerkit.compile_cache`). The two files join the archive.
+(:mod:`handlerkit.compile_cache`), and on CPU the C++ kernels Inductor built or found for
+them (:mod:`handlerkit.compile_kernels`). The files join the archive.
 
 A fresh process because ``save_cache_artifacts`` holds every artifact compiled in its process
 since it started: in a notebook that has compiled other models, or this one already (Dynamo
 would then compile nothing new), an in-process recording would ship the wrong set. The child
 keeps the environment's ``TORCHINDUCTOR_CACHE_DIR``: a hit in the local cache is recorded as
-well as a fresh compile, so a warm machine records in seconds.
+well as a fresh compile, so a warm machine records in seconds. It compiles without Inductor's
+precompiled header (:data:`~handlerkit.compile_kernels.RECORDING_CONFIG`, which says why), so
+its first recording on a machine misses the entries a server compiled with it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlerkit.compile_cache import CACHE_FILE, TAG_FILE, current_tag, save_artifacts, write
+from handlerkit.compile_kernels import KERNELS_FILE
 from handlerkit.errors import HandlerkitError
 
 __all__ = ["Recorded", "record"]
@@ -42,6 +46,7 @@ class Recorded:
 
     Attributes:
         cache / tag: the paths of ``compile-cache.bin`` and ``compile-cache.json``.
+        kernels: the path of ``compile-kernels.zip``; None when no C++ kernel was built (a GPU).
         artifacts: artifacts per cache (``{"inductor": 1, "aot_autograd": 1}``).
         first_call_s: the child's first answer, compile included.
         counters: the child's Inductor and AOTAutograd cache counters (hits show a warm local cache).
@@ -52,6 +57,7 @@ class Recorded:
     artifacts: dict[str, int] = field(default_factory=dict)
     first_call_s: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
+    kernels: str | None = None
 
 
 def record(
@@ -88,6 +94,7 @@ def record(
         artifacts=result["artifacts"],
         first_call_s=result["first_call_s"],
         counters=result["counters"],
+        kernels=os.path.join(out_dir, KERNELS_FILE) if result.get("kernel_files") else None,
     )
 
 
@@ -110,11 +117,13 @@ def _child(model_dir: str, batch_path: str, out_dir: str) -> dict[str, Any]:
     """In the child: open, initialize, answer the batch, save the artifacts and their tag."""
     import time
 
+    from handlerkit.compile_kernels import current_facts, pack, record_sources, recording_config
     from handlerkit.service import Service
 
     with open(batch_path, "rb") as f:
         batch = pickle.load(f)
-    with Service.open(model_dir) as service:
+    inductor_config = recording_config()
+    with record_sources() as sources, Service.open(model_dir) as service:
         service.initialize()
         decision = getattr(getattr(service.handler, "decisions", None), "compile", None)
         if decision is None or not decision.applied:
@@ -132,8 +141,13 @@ def _child(model_dir: str, batch_path: str, out_dir: str) -> dict[str, Any]:
             return {"error": f"the handler of {model_dir} answered the batch without compiling anything: no cache"}
         data, artifacts = saved
         tag = {**current_tag(service.handler.decisions.device_kind, service.handler.device), "artifacts": artifacts}
+        tag["inductor_config"] = inductor_config
+        kernels = pack(sources, out_dir)
+        if kernels is not None:
+            tag["kernels"] = {**current_facts(), "files": kernels[1]}
         write(out_dir, data, tag)
-        return {"artifacts": artifacts, "first_call_s": first, "counters": cache_counters()}
+        files = kernels[1] if kernels else 0
+        return {"artifacts": artifacts, "first_call_s": first, "counters": cache_counters(), "kernel_files": files}
 
 
 def main(argv: list[str]) -> int:

@@ -2,10 +2,12 @@
 
 Dynamo writes structured records to the logger ``torch.__trace`` (what ``TORCH_TRACE`` and
 tlparse read): a ``compilation_metrics`` record per compiled frame (times, graph size, the
-recompile reason, a failure), a ``dynamo_graph_break_reason`` artifact per graph break, and a
-``create_symbol`` record per dimension made dynamic. The graph-break artifact is written while
-Dynamo handles its ``Unsupported`` exception, so that exception (graph-break type, message,
-the user's stack) is at hand in the handler and is read instead of the formatted text.
+recompile reason, a failure), a ``dynamo_graph_break_reason`` artifact per graph break, a
+``create_symbol`` record per dimension made dynamic and a ``symbolic_shape_specialization``
+record per dimension pinned to one size (read by :mod:`._specialisations`). The graph-break
+artifact is written while Dynamo handles its ``Unsupported`` exception, so that exception
+(graph-break type, message, the user's stack) is at hand in the handler and is read instead of
+the formatted text.
 
 :class:`DynamoEvents` adds a handler to that logger while open and removes it after; the logger
 never propagates and torch keeps its own handler there, so nothing else changes (its level is
@@ -172,6 +174,7 @@ class _Collector(logging.Handler):
         self.metrics: list[dict[str, Any]] = []
         self.breaks: list[dict[str, Any]] = []
         self.symbols: list[str] = []
+        self.specialised: list[dict[str, Any]] = []  # symbolic_shape_specialization (see _specialisations)
         self.caches: dict[str, dict[str, str]] = {}  # compile id -> {"fx_graph": "hit", ...}
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -188,6 +191,8 @@ class _Collector(logging.Handler):
                     self.breaks.append(_raw_break(getattr(record, "payload", None), sys.exc_info()[1]))
                 elif isinstance(name, str) and _CACHE_ARTIFACT.match(name):
                     self._cache_event(meta, name, getattr(record, "payload", None))
+            elif isinstance(meta.get("symbolic_shape_specialization"), dict):
+                self.specialised.append(meta["symbolic_shape_specialization"])
             elif "create_symbol" in meta:
                 source = (meta["create_symbol"] or {}).get("source")
                 if isinstance(source, str):
@@ -301,6 +306,10 @@ class DynamoEvents:
     @property
     def symbols(self) -> list[str]:
         return list(self._collector.symbols)
+
+    @property
+    def specialised(self) -> list[dict[str, Any]]:
+        return list(self._collector.specialised)
 
 
 def _get(metrics: Any, key: str) -> Any:

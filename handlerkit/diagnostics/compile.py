@@ -45,6 +45,7 @@ from handlerkit.diagnostics._dynamo_events import (
     recompiles,
     where,
 )
+from handlerkit.diagnostics._specialisations import Specialisation, specialisations
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize
@@ -80,6 +81,8 @@ class CompileReport(Rendered):
         frames: every frame compiled during the report (:class:`CompiledFrame`).
         graph_breaks: deduplicated (:class:`GraphBreak`).
         recompiles: frames compiled again, with the failed guard (:class:`Recompile`).
+        specialisations: dynamic dimensions pinned to one size, with the guard and the user's
+            file:line that pinned them (:class:`Specialisation`).
         dynamic_inputs: input dimensions that are dynamic, and who made them so.
         timed_stage: ``"inference"``, or ``"handle"`` for a handler that runs no stages.
         steady_compiled / steady_eager: milliseconds of ``timed_stage`` per call, after warm-up
@@ -112,6 +115,7 @@ class CompileReport(Rendered):
     frames: list[CompiledFrame] = field(default_factory=list)
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     recompiles: list[Recompile] = field(default_factory=list)
+    specialisations: list[Specialisation] = field(default_factory=list)
     dynamic_inputs: list[str] = field(default_factory=list)
     timed_stage: str = "inference"
     steady_compiled: TimingStats | None = None
@@ -264,6 +268,12 @@ class CompileReport(Rendered):
                 wrap=_WRAP,
             ),
             Table(
+                ("dimension", "pinned to", "guard", "at", "code"),
+                [[p.dimension, p.value, p.guard, p.where, p.code] for p in self.specialisations],
+                "specialisations",
+                wrap=_WRAP,
+            ),
+            Table(
                 ("batch size", "outcome", "guard / error", "fix"),
                 [[g.batch_size, g.outcome, g.reason, g.fix] for g in self.gate],
                 "recompile gate",
@@ -333,6 +343,7 @@ def compile_report(
             bar.update()
             first_call_facts(report, run, first, handler, compiled_at_start)
             report.graph_breaks = graph_breaks(first.breaks)
+            report.specialisations = specialisations(first.specialised)
             if not report.applied:
                 if sizes:
                     report.notes.append("the model is not compiled: the recompile gate has nothing to check")
@@ -341,6 +352,7 @@ def compile_report(
                 warnings.simplefilter("ignore")
                 later = _steady(report, view, batch, run, warmup, repeat, bar)
                 report.graph_breaks = graph_breaks(first.breaks + later.breaks)
+                report.specialisations = specialisations(first.specialised + later.specialised)
                 if sizes:
                     report.gate, stance = run_gate(view, batch, sizes, bar)
                     report.problems.extend(gate_problems(report.gate))
