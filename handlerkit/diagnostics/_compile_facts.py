@@ -135,6 +135,12 @@ def first_call_facts(
         )
 
 
+def graph_caches(graphs: list[Any]) -> list[dict[str, Any]]:
+    """Per compiled graph, what the caches did: ``hit`` / ``miss`` / ``bypass: <reason>``."""
+    keys = ("compile_id", "function", "fx_graph_cache", "aot_autograd_cache", "cache_hit")
+    return [{key: getattr(frame, key) for key in keys} for frame in graphs]
+
+
 def _cache_split(report: CompileReport, frames: list[Any]) -> None:
     """The first call's compile split into graphs compiled cold and graphs loaded from Inductor's
     FX graph cache (a warm ``TORCHINDUCTOR_CACHE_DIR``, or a shipped compile cache), with a note."""

@@ -33,6 +33,7 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._stack import user_stacklevel
 from handlerkit.contract import Problem
+from handlerkit.diagnostics import _compile_facts as facts
 from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
 from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_problems, run_gate
 from handlerkit.diagnostics._dynamo_events import (
@@ -158,15 +159,8 @@ class CompileReport(Rendered):
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (front ends and notebooks read this); ``graph_caches``
         lists each graph's cache outcomes, next to ``cold_compile_s`` / ``cache_load_s``."""
-        data = asdict(self)
-        data["speedup"] = self.speedup
-        data["gate_ok"] = self.gate_ok
-        data["graph_caches"] = [  # per compiled graph: what the caches did (hit / miss / bypass: reason)
-            {"compile_id": f.compile_id, "function": f.function, "fx_graph_cache": f.fx_graph_cache,
-             "aot_autograd_cache": f.aot_autograd_cache, "cache_hit": f.cache_hit}
-            for f in self.graphs
-        ]  # fmt: skip
-        return data
+        extra = {"speedup": self.speedup, "gate_ok": self.gate_ok, "graph_caches": facts.graph_caches(self.graphs)}
+        return {**asdict(self), **extra}
 
     # -- rendering --------------------------------------------------------------------------
     def _summary(self) -> str:
