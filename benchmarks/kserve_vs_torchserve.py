@@ -14,7 +14,9 @@ range.
 
 Batching: KServe's Python model server has none (one request is one ``handle``), so TorchServe
 gets ``batchSize`` 1 by default, for parity; ``--batch N`` gives TorchServe ``batchSize`` N (and
-``--delay-ms``) to show its batching against KServe's none.
+``--delay-ms``) to show its batching against KServe's none. NB: TorchServe 0.12's ``kservev2``
+envelope parses request 0 of a batch only, so a batch of more than one fails whole (503, "number
+of batch response mismatched"): the figures then count failures, and the run exits 1.
 
 Where the time goes, per engine: the time ``handle`` took per request (TorchServe: its worker's
 ``PredictionTime`` records; the adapter's process has no cheap hook that times ``handle`` alone,
@@ -27,8 +29,8 @@ Target (issue 22): on resnet18, adapter throughput >= 0.9x TorchServe's, p99 <= 
 
 Usage: python benchmarks/kserve_vs_torchserve.py [--rounds 5] [--requests-per-round 128]
        [--clients 16] [--batch 1] [--delay-ms 10] [--models fixture,resnet18]
-Exit status 1 when the resnet18 target is missed or the engines' answers differ; 2 when kserve,
-torchserve (or Java) or psutil is missing.
+Exit status 1 when the resnet18 target is missed, the engines' answers differ or a request was
+not answered 200; 2 when kserve, torchserve (or Java) or psutil is missing.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ ADAPTER, TORCHSERVE = "kserve adapter", "torchserve 0.12"
 def v2_body(image: Path = IMAGE, request_id: str = "bench") -> bytes:
     """The v2 ``infer`` body every request posts: the image's base64 as one ``BYTES`` element."""
     data = base64.b64encode(image.read_bytes()).decode("ascii")
-    return json.dumps({"id": request_id, "inputs": [{"name": "img", "shape": [1], "datatype": "BYTES", "data": [data]}]}).encode()
+    inputs = [{"name": "img", "shape": [1], "datatype": "BYTES", "data": [data]}]
+    return json.dumps({"id": request_id, "inputs": inputs}).encode()
 
 
 class TorchServeV2Engine(TorchServeEngine):
@@ -152,7 +155,7 @@ def verdict(model: str, ours: dict[str, Any], ts: dict[str, Any]) -> tuple[str, 
     return line + ("  target met" if ok else "  TARGET MISSED (>= 0.9x throughput, <= 1.5x p99)"), not ok
 
 
-def run_model(name: str, mar: Path, tmp: Path, args: argparse.Namespace) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
+def run_model(name: str, mar: Path, tmp: Path, args: argparse.Namespace) -> tuple[bool, list[tuple[str, dict]]]:
     """Both engines up at once: the answer check, then the alternating rounds."""
     engines: list[Engine] = []
     try:
@@ -183,7 +186,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=32)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--batch", type=int, default=1,
-                        help="TorchServe's batchSize (default 1: KServe's Python server does not batch)")
+                        help="TorchServe's batchSize (default 1: KServe's Python server does not batch; "
+                        "TorchServe 0.12's kservev2 envelope fails batches of more than one with 503)")
     parser.add_argument("--delay-ms", type=int, default=10, help="TorchServe's maxBatchDelay")
     parser.add_argument("--models", default="fixture,resnet18")
     args = parser.parse_args()
@@ -249,6 +253,10 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
         missed |= miss
     if not equal:
         print("the engines' answers differed (above): the figures compare different work")
+    failed = sorted({f"{model} {engine}" for model, engine, r in rows if set(r["statuses"]) != {200}})
+    if failed:
+        print(f"NOT ALL ANSWERED 200: {', '.join(failed)} (statuses above): the figures compare failures")
+        missed = True
     return 1 if missed else 0
 
 

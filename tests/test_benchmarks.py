@@ -178,6 +178,9 @@ def test_kserve_benchmark_judges_resnet18_and_tells_where_the_time_goes(capsys):
     assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(17.0, 100.0))], args) == 1  # 0.85x throughput
     assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(20.0, 160.0))], args) == 1  # 1.6x p99
     assert "TARGET MISSED" in capsys.readouterr().out
+    batched = {**r(19.0, 140.0), "statuses": {200: 2, 503: 8}}  # TorchServe's kservev2 fails a batch of several
+    assert bench.report([("resnet18", bench.TORCHSERVE, batched), rows[1]], args) == 1
+    assert "NOT ALL ANSWERED 200: resnet18 torchserve 0.12 (statuses above)" in capsys.readouterr().out
     small = [("classifier", bench.TORCHSERVE, r(100.0, 10.0)), ("classifier", bench.ADAPTER, r(50.0, 30.0))]
     assert bench.report(small, argparse.Namespace(**{**vars(args), "batch": 8})) == 0  # no target but resnet18's
     out = capsys.readouterr().out
