@@ -247,6 +247,10 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
         for label, t in where_the_time_goes(ours, ts).items():
             print(f"  {model:<11} {label:<16} handle {t['handle']:7.2f}  served {t['served']:7.2f}  "
                   f"outside {t['outside']:7.2f}  p50-handle {t['p50 outside']:8.2f}  cpu {t['cpu']:7.2f}")
+    if any(t["outside"] < 0 for m in dict.fromkeys(m for m, _, _ in rows)
+           for t in where_the_time_goes(by[(m, ADAPTER)], by[(m, TORCHSERVE)]).values()):
+        print("  (negative: the adapter served a request in less than TorchServe's handle took, so its own\n"
+              "  handle was faster than TorchServe's and the estimate does not hold for it)")
     for model in dict.fromkeys(m for m, _, _ in rows):
         line, miss = verdict(model, by[(model, ADAPTER)], by[(model, TORCHSERVE)])
         print(line)

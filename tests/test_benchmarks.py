@@ -174,7 +174,10 @@ def test_kserve_benchmark_judges_resnet18_and_tells_where_the_time_goes(capsys):
     )
     assert abs(times[bench.ADAPTER]["outside"] - (1000 / 19 - 40)) < 1e-9
     assert bench.report(rows, args, equal=False) == 1
-    assert "answers differed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "answers differed" in out and "estimate does not hold" not in out
+    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(30.0, 100.0))], args) == 0  # 33 ms < 40 ms of handle
+    assert "the estimate does not hold for it" in capsys.readouterr().out
     assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(17.0, 100.0))], args) == 1  # 0.85x throughput
     assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(20.0, 160.0))], args) == 1  # 1.6x p99
     assert "TARGET MISSED" in capsys.readouterr().out
