@@ -81,12 +81,14 @@ def build_mar(name: str, model_dir: Path, store: Path, batch: int, delay_ms: int
                               extra_files=extra, config_file=config, export_path=store)
 
 
-def load(url: str, requests: int, clients: int) -> tuple[float, list[float], collections.Counter]:
-    """Closed loop: ``clients`` threads, ``requests`` in all; wall time, latencies (ms), statuses."""
-    body = IMAGE.read_bytes()
+def load(url: str, requests: int, clients: int, body: bytes | None = None,
+         content_type: str = "image/jpeg") -> tuple[float, list[float], collections.Counter]:
+    """Closed loop: ``clients`` threads, ``requests`` in all, each posting ``body`` (the JPEG by
+    default); wall time, latencies (ms), statuses."""
+    body = IMAGE.read_bytes() if body is None else body
 
     def one() -> tuple[float, int]:
-        req = urllib.request.Request(url, data=body, headers={"Content-Type": "image/jpeg"}, method="POST")
+        req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
         start = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=120) as resp:
@@ -124,6 +126,8 @@ class Engine:
     """One served model: its URL, its processes, and what its handler reported."""
 
     label = ""
+    body: bytes | None = None  # what each request posts (None: the JPEG, see load)
+    content_type = "image/jpeg"
 
     def __init__(self) -> None:
         self.url = ""
@@ -238,13 +242,14 @@ def measure(engines: list[Engine], args: argparse.Namespace) -> None:
         return "torchserve" if isinstance(engine, TorchServeEngine) else "ray"
 
     for engine in engines:
-        load(engine.url, args.warmup, args.clients)
+        load(engine.url, args.warmup, args.clients, engine.body, engine.content_type)
         engine.mark()
     idle = {g: [0.0, 0.0] for g in groups}  # CPU seconds, wall seconds while the other group ran
     for r in range(args.rounds):
         for engine in engines if r % 2 == 0 else engines[::-1]:
             before = {g: _cpu_seconds(pids) for g, pids in groups.items()}
-            wall, latencies, statuses = load(engine.url, args.requests_per_round, args.clients)
+            wall, latencies, statuses = load(engine.url, args.requests_per_round, args.clients, engine.body,
+                                             engine.content_type)
             engine.walls.append(wall)
             engine.latencies += latencies
             engine.statuses += statuses

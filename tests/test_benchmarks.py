@@ -106,3 +106,114 @@ def test_cold_start_benchmark_judges_the_ratios_and_the_hits(capsys):
     assert not bench.report("m", results(aoti=1.1), 4)  # 2.2x eager
     assert not bench.report("m", results(misses=1), 4)  # a miss: 2/3 hits
     assert "2/3  target 100 %  MISSED" in capsys.readouterr().out
+
+
+def _stub_server(reply: bytes):
+    """A loopback HTTP server answering every POST with ``reply``; it records what came."""
+    import http.server
+    import threading
+
+    seen: list[tuple[str, bytes]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append((self.headers["Content-Type"], self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_kserve_benchmark_posts_v2_bodies_and_compares_answers_without_kserves_nulls(capsys):
+    """Every request of benchmarks/kserve_vs_torchserve.py is the same v2 body (ray_vs_torchserve's
+    load posts it); kserve's ``"parameters": null`` aside, answers must be equal to pass."""
+    import base64
+    import json
+
+    import kserve_vs_torchserve as bench
+    import ray_vs_torchserve
+
+    doc = {"id": "bench", "model_name": "m", "outputs": [{"name": "img", "datatype": "BYTES", "data": [{"a": 1.0}]}]}
+    kserve_doc = {**doc, "parameters": None, "outputs": [{**doc["outputs"][0], "parameters": None}]}
+    server, seen = _stub_server(json.dumps(kserve_doc).encode())
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v2/models/m/infer"
+        body = bench.v2_body()
+        wall, latencies, statuses = ray_vs_torchserve.load(url, 5, 2, body, "application/json")
+        assert statuses == {200: 5} and len(latencies) == 5 and wall > 0
+        assert seen == [("application/json", body)] * 5
+        [inp] = json.loads(body)["inputs"]
+        assert (inp["name"], inp["shape"], inp["datatype"]) == ("img", [1], "BYTES")
+        assert base64.b64decode(inp["data"][0]) == bench.IMAGE.read_bytes()
+        ours = bench.answer(url, body)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ours == (200, doc)
+    assert bench.same_answers("m", ours, (200, doc))
+    assert "m: answers equal (status 200" in capsys.readouterr().out
+    other = {**doc, "outputs": [{**doc["outputs"][0], "data": [{"a": 0.5}]}]}
+    assert not bench.same_answers("m", ours, (200, other))  # the check can fail
+    assert "m: ANSWERS DIFFER: adapter 200" in capsys.readouterr().out
+    assert not bench.same_answers("m", (503, doc), (503, doc))  # equal failures are no pass
+
+
+def test_kserve_benchmark_judges_resnet18_and_tells_where_the_time_goes(capsys):
+    """The verdict: on resnet18 the adapter needs >= 0.9x TorchServe's throughput and <= 1.5x its
+    p99 (exit 1 otherwise, or when the answers differed); handle time per request is TorchServe's
+    PredictionTime over all its requests, batched or not."""
+    import argparse
+
+    import kserve_vs_torchserve as bench
+
+    def r(rps, p99, busy=0.0):
+        return {
+            "req/s": rps,
+            "round req/s": [rps * 0.95, rps * 1.05],
+            "p50 ms": p99 / 2,
+            "p99 ms": p99,
+            "busy": busy,
+            "cpu": 1.0,
+            "cpu ms/req": 20.0,
+            "idle cpu": 0.0,
+            "statuses": {200: 10},
+            "batches": "",
+        }
+
+    args = argparse.Namespace(rounds=2, requests_per_round=10, clients=4, batch=1, delay_ms=10)
+    ts = r(20.0, 100.0, busy=0.8)  # 40 ms of handle per request
+    rows = [("resnet18", bench.TORCHSERVE, ts), ("resnet18", bench.ADAPTER, r(19.0, 140.0))]
+    assert bench.report(rows, args) == 0
+    out = capsys.readouterr().out
+    assert "resnet18: adapter/TorchServe throughput 0.95x (rounds 0.95..0.95), p99 1.40x  target met" in out
+    assert "batchSize 1 (parity: KServe does not batch)" in out
+    times = bench.where_the_time_goes(r(19.0, 140.0), ts)
+    assert (
+        abs(times[bench.TORCHSERVE]["handle"] - 40.0) < 1e-9 and abs(times[bench.TORCHSERVE]["outside"] - 10.0) < 1e-9
+    )
+    assert abs(times[bench.ADAPTER]["outside"] - (1000 / 19 - 40)) < 1e-9
+    assert bench.report(rows, args, equal=False) == 1
+    out = capsys.readouterr().out
+    assert "answers differed" in out and "estimate does not hold" not in out
+    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(30.0, 100.0))], args) == 0  # 33 ms < 40 ms of handle
+    assert "the estimate does not hold for it" in capsys.readouterr().out
+    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(17.0, 100.0))], args) == 1  # 0.85x throughput
+    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(20.0, 160.0))], args) == 1  # 1.6x p99
+    assert "TARGET MISSED" in capsys.readouterr().out
+    batched = {**r(19.0, 140.0), "statuses": {200: 2, 503: 8}}  # TorchServe's kservev2 fails a batch of several
+    assert bench.report([("resnet18", bench.TORCHSERVE, batched), rows[1]], args) == 1
+    assert "NOT ALL ANSWERED 200: resnet18 torchserve 0.12 (statuses above)" in capsys.readouterr().out
+    small = [("classifier", bench.TORCHSERVE, r(100.0, 10.0)), ("classifier", bench.ADAPTER, r(50.0, 30.0))]
+    assert bench.report(small, argparse.Namespace(**{**vars(args), "batch": 8})) == 0  # no target but resnet18's
+    out = capsys.readouterr().out
+    assert (
+        "TorchServe batchSize 8, maxBatchDelay 10 ms; KServe: none" in out
+        and "classifier: adapter/TorchServe throughput 0.50x" in out
+    )
