@@ -15,7 +15,8 @@ requests join. :class:`Sequences` plays the frontend's part around a
 - **Batches** (``SequenceBatching``): each step takes at most one new request per sequence, in
   the order the sequences opened, up to ``batchSize`` requests; under continuous batching
   (``SequenceContinuousBatching``) the running batch holds up to ``2 * batchSize`` (TorchServe
-  0.12 hard-codes the factor), the requests still running first, then those joining.
+  0.12 hard-codes the factor), the requests still running first, then those joining (the
+  rule, shared with the Ray replica's loop: :mod:`handlerkit.sequence_batches`).
 - **Unfinished requests**: the worker's ``create_predict_response`` sets each final answer's
   ``ts_stream_next`` header: from ``context.stopping_criteria[idx](answer)`` when the handler
   set them (False → ``"true"``, True → ``"false"``, None → left as it is), else a ``"true"``
@@ -49,7 +50,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 import warnings
 from collections import deque
@@ -62,6 +62,7 @@ from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
 from handlerkit.requests import Request
 from handlerkit.results import Run
+from handlerkit.sequence_batches import capacity, next_batch, resent
 from handlerkit.streaming import Chunk, final_stream_next
 
 __all__ = ["Job", "Sequence", "Sequences", "Step"]
@@ -108,7 +109,7 @@ class Job:
 
     def resent(self) -> Request:
         """The request as the frontend sends it again: same id and headers, no parameters."""
-        return dataclasses.replace(self.request, parameters=(), delivered=None)
+        return resent(self.request)
 
     def __repr__(self) -> str:
         return f"<Job {self.request_id[:8]} of {self.sequence_id}: {self.state}, answers={self.answers!r}>"
@@ -323,17 +324,11 @@ class Sequences:
 
     def step(self) -> Step | None:
         """One worker call on the batch the frontend forms now (None when there is no work)."""
-        capacity = self.batch_size * 2 if self.continuous else self.batch_size
-        joining: list[Job] = []
-        for sequence in self.sequences.values():
-            if len(self._running) + len(joining) >= capacity:
-                break
-            if sequence.queue:
-                joining.append(sequence.queue.popleft())
-        jobs = self._running + joining
+        size = capacity(self.batch_size, self.continuous)
+        continued, joining = next_batch(self._running, (s.queue for s in self.sequences.values()), size)
+        jobs = continued + joining
         if not jobs:
             return None
-        continued = list(self._running)
         step = Step(
             len(self.steps),
             [j.request_id for j in jobs],

@@ -50,6 +50,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.metrics_config": 2,
     "handlerkit.requests": 2,
     "handlerkit.batches": 2,
+    "handlerkit.sequence_batches": 2,  # how the frontend forms a sequence batch (hk.Sequences, Ray's loop)
     "handlerkit._wire": 2,
     "handlerkit.streaming": 2,
     "handlerkit.envelopes": 2,

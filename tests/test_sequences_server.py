@@ -23,9 +23,9 @@ worker call holds one request and both sides see the same order.
 
 The same requests then go to handlerkit.serving.ray (``-m ray``; each sequence request also
 carries ``serve_multiplexed_model_id``, Ray's routing header): the same answers, headers and
-error documents, the async handler's same chunks; one difference, pinned: Ray runs no
-continuous-batching loop, so a request TorchServe streams for six steps gets its first step's
-answer whole.
+error documents, the async handler's same chunks, and under continuous batching the same HTTP
+chunks, one per step, and final answers (Ray's continuous-batching loop:
+``handlerkit.serving._continuous``).
 """
 
 from __future__ import annotations
@@ -296,21 +296,28 @@ def test_sequence_batching_on_ray_answers_as_torchserve(theirs, on_ray):
     assert _sans(ours["refused"]) == _sans(ts["refused"])  # the same 503 document past maxNumSequence
 
 
+def _by_order(answers: list[Answer]) -> list[tuple[int, dict[str, str], list[bytes], bool]]:
+    """The answers as :func:`_sans` has them, each frontend-issued sequence id named by its order
+    of appearance (``seq0``, ``seq1``...), so that two servers' answers compare."""
+    names: dict[str, str] = {}
+    out = []
+    for answer in answers:
+        status, headers, chunks, chunked = _sans(answer)
+        for key in (SEQ_ID, SEQ_END):
+            if key in headers:
+                headers[key] = names.setdefault(headers[key], f"seq{len(names)}")
+        out.append((status, headers, chunks, chunked))
+    return out
+
+
 @pytest.mark.ray
-def test_continuous_batching_on_ray_answers_each_request_once(theirs, on_ray):
-    """Where TorchServe streams a request's later steps as chunks, Ray answers its first step
-    whole (``ts_stream_next: true``); every other answer, and the sums after, are the same."""
-    for ts, ours in zip(theirs["stream"], on_ray["stream"], strict=True):
-        if ts.chunked:
-            assert (ours.status, ours.chunks, ours.chunked) == (200, ts.chunks[:1], False)
-            assert ours.headers["ts_stream_next"] == "true"
-        else:
-            assert (ours.status, ours.chunks, ours.headers.get(SEQ_END) is None) == (
-                ts.status,
-                ts.chunks,
-                ts.headers.get(SEQ_END) is None,
-            )
-            assert ours.headers[SEQ_ID].startswith("ts-seq-")
+def test_continuous_batching_on_ray_streams_and_ends_as_torchserve(theirs, on_ray, sources):
+    """Each request TorchServe streams (an HTTP chunk per step, ``ts_stream_next: true``) is
+    streamed by Ray's loop with the same chunks and headers; every other answer is the same too."""
+    ours = on_ray["stream"]
+    assert _by_order(ours) == _by_order(theirs["stream"])
+    assert [len(a.chunks) for a in ours if a.chunked] == [6, 6]
+    _same(ours, harness_script(sources["stream"], STREAM_SCRIPT, issued=True))  # and as hk.Sequences
 
 
 @pytest.mark.ray

@@ -5,10 +5,12 @@ a real local Ray instance on loopback)."""
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, STREAMING_SUM, model_dir
@@ -165,18 +167,106 @@ def test_an_ended_sequence_is_freed_and_its_id_opens_anew(base):
 
 
 @pytest.mark.ray
-def test_continuous_batching_on_ray_answers_each_request_once(base):
-    """Ray runs no continuous-batching loop: an odd number, which TorchServe streams for five
-    more steps (six chunks), gets its first step's answer, whole, marked ``ts_stream_next: true``."""
+def test_continuous_batching_on_ray_streams_an_unfinished_request_step_by_step(base):
+    """An odd number stays in the running batch for five more steps: six HTTP chunks of the
+    sequence's sum, the first opening the answer with ``ts_stream_next: true``, as TorchServe."""
     status, headers, body = _post(base, "/stream/predictions/stream", b"2", {})
     sequence_id = headers[SEQ_ID]
     assert (status, body) == (200, b"2") and sequence_id.startswith("ts-seq-")
+    assert headers.get("transfer-encoding") != "chunked"  # answered in one step: one full response
     routed = {SEQ_ID: sequence_id, ROUTING_HEADER: sequence_id}
-    status, headers, body = _post(base, "/stream/predictions/stream", b"3", routed)
-    assert (status, body, headers["ts_stream_next"]) == (200, b"5", "true")
-    assert "transfer-encoding" not in headers or headers["transfer-encoding"] != "chunked"
+    status, headers, reader = _open_stream(base, "/stream/predictions/stream", b"3", routed)
+    assert (status, headers["transfer-encoding"], headers["ts_stream_next"]) == (200, "chunked", "true")
+    assert _rest(reader) == [b"5"] * 6
     status, headers, body = _post(base, "/stream/predictions/stream", b"0", routed)
     assert (status, body, headers["ts_request_sequence_end"]) == (200, b"5", sequence_id)
+
+
+#: Continuous batching, slowly: a request's body ``n`` runs ``n`` steps of 0.2 s, each answering
+#: ``<sequence><steps left>;``; its stopping criterion ends it at 0.
+SLOW_COUNT = """\
+import time
+
+from recent import number
+
+
+class SlowCount:
+    def initialize(self, context):
+        self.left = {}
+
+    def handle(self, data, context):
+        time.sleep(0.2)
+        answers, done = [], []
+        for idx, row in enumerate(data):
+            request_id = context.get_request_id(idx)
+            if request_id not in self.left:  # its first step; later ones come without parameters
+                self.left[request_id] = number(row)
+            self.left[request_id] -= 1
+            answers.append(f"{context.get_sequence_id(idx)}{self.left[request_id]};")
+            done.append(self.left[request_id] <= 0)
+        context.stopping_criteria = [lambda answer, d=d: d for d in done]
+        return answers
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_count(base: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from ray import serve
+
+    from handlerkit.serving.ray import app
+
+    directory = model_dir(tmp_path_factory.mktemp("slow_count"), "slow", SLOW_COUNT, CONTINUOUS_CONFIG)
+    return serve.run(app(directory, num_cpus=0.25), name="slow", route_prefix="/slow")
+
+
+def _open_stream(base: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], Any]:
+    """POST and read the status line and headers; the reader is left at the body's first HTTP chunk."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)), timeout=60)
+    head = "".join(f"{k}: {v}\r\n" for k, v in {"Content-Type": "text/plain", **headers}.items())
+    conn.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    reader = conn.makefile("rb")
+    conn.close()  # the reader keeps the connection open
+    status = int(reader.readline().split()[1])
+    got: dict[str, str] = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        key, _, value = line.decode("latin-1").partition(":")
+        got[key.strip().lower()] = value.strip()
+    return status, got, reader
+
+
+def _chunk(reader: Any) -> bytes | None:
+    """The next HTTP chunk, or None at the terminating one."""
+    size = int(reader.readline().split(b";")[0], 16)
+    data = reader.read(size + 2)[:size]
+    return data if size else None
+
+
+def _rest(reader: Any) -> list[bytes]:
+    chunks = []
+    while (chunk := _chunk(reader)) is not None:
+        chunks.append(chunk)
+    reader.close()
+    return chunks
+
+
+@pytest.mark.ray
+def test_a_request_sent_while_another_streams_joins_the_running_batch(slow_count, base):
+    path = "/slow/predictions/slow"
+    status, first, reader_a = _open_stream(base, path, b"10", {SEQ_ID: "a", ROUTING_HEADER: "a"})
+    assert (status, first["transfer-encoding"]) == (200, "chunked")
+    chunks_a = [_chunk(reader_a)]  # a runs: b is sent only now
+    status, second, reader_b = _open_stream(base, path, b"3", {SEQ_ID: "b", ROUTING_HEADER: "b"})
+    chunks_b = _rest(reader_b)
+    chunks_a += _rest(reader_a)
+    assert chunks_a == [f"a{n};".encode() for n in range(9, -1, -1)]  # ten steps, one chunk each
+    assert chunks_b == [b"b2;", b"b1;", b"b0;"]
+    a, b = first["x-request-id"], second["x-request-id"]
+    steps = slow_count.stats.remote().result()["steps"]
+    together = [i for i, step in enumerate(steps) if step == [a, b]]  # the running request first
+    assert len(together) == 3 and together == list(range(together[0], together[0] + 3)), steps
+    assert together[0] >= 1 and all(step == [a] for step in steps[: together[0]] + steps[together[-1] + 1 :])
+    assert len(steps) == 10  # b joined a's running batch and left it: a took no step more
 
 
 def test_only_a_stateful_model_on_several_replicas_holds_back_a_sequences_first_answer(tmp_path: Path):

@@ -113,3 +113,28 @@ def test_an_answer_without_chunks_is_one_full_reply_and_strays_are_dropped():
     opened, router = asyncio.run(main())
     assert opened.reply == Reply(200, None, {}, b"whole") and opened.body is None
     assert router.dropped == 1 and router._channels == {}
+
+
+def test_a_continuous_batching_steps_answer_is_sent_as_one_chunk_of_its_stream():
+    """StreamRouter.send: an unfinished step's answer (``ts_stream_next: true``) opens the stream
+    with its status and headers; the final answer is the last chunk; a send for nobody is dropped."""
+
+    async def main():
+        router = StreamRouter()
+        queue = router.open("r1")
+        reply = asyncio.get_running_loop().create_future()
+        step = Reply(200, None, {"Content-Type": "text/plain", "ts_stream_next": "true"}, b"5")
+        router.send("r1", step)
+        router.send("r1", step)
+        router.send("nobody", step)
+        opened = await router.answer("r1", queue, reply)
+        reply.set_result(Reply(200, None, {"ts_stream_next": "false"}, b"9"))
+        return opened, [chunk async for chunk in opened.body], router
+
+    opened, chunks, router = asyncio.run(main())
+    assert (opened.reply, opened.status, opened.headers) == (
+        None,
+        200,
+        {"content-type": "text/plain", "ts_stream_next": "true"},
+    )
+    assert chunks == [b"5", b"5", b"9"] and router.dropped == 1 and router._channels == {}

@@ -32,7 +32,10 @@ A stateful model (``sequenceBatching: true``) has its sequences admitted and end
 :class:`~handlerkit.serving._sequences.SequenceDesk`; each is registered with Ray's model
 multiplexing (:meth:`HandlerReplica._hold`), so Ray routes its later requests here. After each
 batch the handler's stopping criteria run once per answer, as in the worker's
-``create_predict_response``; no request is called again (no continuous-batching loop).
+``create_predict_response``. With ``continuousBatching: true`` too, predictions go through
+TorchServe's loop (:class:`~handlerkit.serving._continuous.ContinuousLoop`): a request left
+unfinished is streamed to its client an HTTP chunk per step and called again, new ones join
+between steps.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from handlerkit.requests import Request
 from handlerkit.service import Service
 from handlerkit.serving import _failures
 from handlerkit.serving._batcher import Batcher
+from handlerkit.serving._continuous import ContinuousLoop
 from handlerkit.serving._failures import logger
 from handlerkit.serving._http import (
     WORKER_DIED,
@@ -124,6 +128,12 @@ class HandlerReplica:
         # sequenceBatching: the sequences this replica holds (Ray routes them here: _hold).
         self._desk = SequenceDesk.from_config(name, self.context.model_yaml_config)
         self._settle_s = float(settings.get("sequence_settle_s", 0.0))
+        config = self.context.model_yaml_config or {}
+        self._loop = (
+            ContinuousLoop(self._gather, self._router.send, self._desk.answered, batch_size=settings["batch_size"])
+            if self._desk is not None and config.get("continuousBatching")
+            else None
+        )
         self._fields = settings.get("describe") or {}
         self._capacity = settings.get("queue_capacity", 100)
         self._started = datetime.datetime.now(datetime.timezone.utc)
@@ -303,13 +313,14 @@ class HandlerReplica:
         # Ray's proxy gives each request an id (the client's x-request-id, if it sent one), logs
         # it and sends it back: the handler's context and the replica's log use the same one.
         ray_id = http.headers.get("x-request-id")
-        headers, opens = list(http.headers.items()), False
+        headers, opens, sequence_id = list(http.headers.items()), False, None
         if self._desk is not None and route.kind == "predict":
             admitted = self._desk.admit(headers)
             if not isinstance(admitted, Admitted):
                 return _response(admitted)
             await self._hold(admitted.sequence_id)
             headers, opens = headers + list(admitted.headers.items()), admitted.opened
+            sequence_id = admitted.sequence_id
         try:
             request = to_request(
                 headers,
@@ -322,7 +333,7 @@ class HandlerReplica:
         except ValueError as exc:
             return _response(error_reply(400, str(exc)))
         queue = self._router.open(request.request_id)  # before its batch can run: no chunk is missed
-        answer = asyncio.ensure_future(self._answer(request, route.kind))
+        answer = asyncio.ensure_future(self._answer(request, route.kind, sequence_id))
         try:
             opened = await self._router.answer(request.request_id, queue, answer)
         except asyncio.CancelledError:  # the client went away: drop its request, as a cancelled await did
@@ -332,8 +343,10 @@ class HandlerReplica:
             await asyncio.sleep(self._settle_s)
         return _response(opened, None if ray_id else request.request_id)
 
-    async def _answer(self, request: Request, kind: str) -> Reply:
-        if self.service.asynchronous:
+    async def _answer(self, request: Request, kind: str, sequence_id: str | None = None) -> Reply:
+        if self._loop is not None and sequence_id is not None:
+            reply = await self._loop.submit(request, sequence_id)
+        elif self.service.asynchronous:
             reply = await self._await_one(request)
         elif self._batcher is not None:
             reply = cast("Reply", await self._batcher.submit(request, kind))
@@ -384,12 +397,14 @@ class HandlerReplica:
         }
 
     def stats(self) -> dict[str, Any]:
-        """The batch sizes this replica ran and how long each ``handle`` took (ms), its pid and
-        thread settings (for tests and the benchmark)."""
+        """The batch sizes this replica ran and how long each ``handle`` took (ms), each
+        continuous-batching step's request ids, its pid and thread settings (for tests and the
+        benchmark)."""
         import torch
 
         return {
             "batch_sizes": list(self.batch_sizes),
+            "steps": [list(step) for step in self._loop.steps] if self._loop is not None else [],
             "handle_ms": list(self.handle_ms),
             "pid": os.getpid(),
             "torch_threads": torch.get_num_threads(),

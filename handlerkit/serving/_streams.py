@@ -93,6 +93,17 @@ class StreamRouter:
             loop, queue = channel
             loop.call_soon_threadsafe(queue.put_nowait, _Part(status, out, body, code, message))
 
+    def send(self, request_id: str, reply: Reply) -> None:
+        """One HTTP chunk for ``request_id``, on the serving loop: a continuous-batching step's
+        answer that leaves the request unfinished (``ts_stream_next: true``)."""
+        with self._lock:
+            channel = self._channels.get(request_id)
+        if channel is None:
+            self.dropped += 1
+            return
+        headers = {k.lower() if k.lower() == "content-type" else k: v for k, v in reply.headers.items()}
+        channel[1].put_nowait(_Part(reply.status, headers, reply.body, 200, "OK"))
+
     def open(self, request_id: str) -> asyncio.Queue[Any]:
         """Start taking ``request_id``'s parts (call on the serving loop, before its batch runs)."""
         queue: asyncio.Queue[Any] = asyncio.Queue()

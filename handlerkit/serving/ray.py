@@ -24,9 +24,9 @@ handler that fails to load fails the deployment at once, and :func:`run` raises 
 does, and kept on one replica by Ray Serve's model multiplexing, the sequence id being the
 multiplexed model id: a client sends ``serve_multiplexed_model_id: <sequence id>`` beside
 ``ts_request_sequence_id`` (:mod:`handlerkit.serving._sequences`). ``continuousBatching: true``
-runs no loop here: each request is one ``handle`` call, answered whole, even one the handler
-leaves unfinished (its answer says ``ts_stream_next: true``), where TorchServe calls it again
-and streams each step's answer as a chunk.
+runs TorchServe's loop on each replica (:mod:`handlerkit.serving._continuous`): a request the
+handler leaves unfinished (its answer says ``ts_stream_next: true``) is streamed to its client,
+one HTTP chunk per step, and called again, while new requests join between steps.
 """
 
 from __future__ import annotations
