@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MLP_MODEL_PY, load_model_class, write_model_dir
+from test_diagnostics_format_lab import BRANCH_MODEL_PY  # the data-dependent branch on line 11
 
 from handlerkit.diagnostics._format_export import explain_failure, make, quiet
 
@@ -26,24 +27,6 @@ class Raises(torch.nn.Module):
 
     def forward(self, x):
         return self.fc(x) if type(x) is torch.Tensor else x.no_such_method()
-'''
-
-
-#: A data-dependent branch on line 11: torch.export logs the graph it stopped in.
-BRANCH_MODEL_PY = '''\
-import torch
-
-
-class Branchy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        y = self.fc(x)
-        if y.sum() > 0:
-            y = y * 2
-        return y
 '''
 
 

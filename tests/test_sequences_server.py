@@ -39,8 +39,9 @@ from typing import Any, NamedTuple
 
 import pytest
 from _async_handlers import VLLM_STYLE, prompt, reversed_words, write_model_dir
+from _serving import ray_apps
 from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, SEQUENCE_SUM, STREAMING_SUM, model_dir
-from _ts_server import HOST, TorchServe, free_ports, missing_requirements, serving
+from _ts_server import HOST, TorchServe, missing_requirements, serving
 
 import handlerkit as hk
 from handlerkit.sequences import Job, Sequence
@@ -219,21 +220,9 @@ def theirs(torchserve: TorchServe) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def on_ray(theirs: dict[str, Any], sources: dict[str, Path]) -> Iterator[dict[str, Any]]:
     """The same scenarios through handlerkit.serving.ray (one replica per model)."""
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
-    from handlerkit.serving.ray import app
-
-    (port,) = free_ports(1)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": HOST, "port": port})
-        for name, directory in sources.items():
-            serve.run(app(directory, num_cpus=0.25), name=name, route_prefix=f"/{name}")
+    pytest.importorskip("ray")
+    with ray_apps(sources) as port:
         yield all_answers(port, prefix="/")
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def test_sequence_batching_answers_as_torchserve(theirs, sources):

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from _ts_server import HOST, free_ports, missing_requirements, serving
+from _serving import ray_apps
+from _ts_server import HOST, missing_requirements, serving
 from test_streaming_torchserve import ECHO_HANDLER
 
 _missing = missing_requirements()
@@ -167,21 +167,8 @@ def torchserve_answers(tmp_path_factory: pytest.TempPathFactory, sources: dict[s
 
 @pytest.fixture(scope="module")
 def ray_answers(torchserve_answers: object, sources: dict[str, Path]) -> Iterator[dict[str, object]]:
-    import ray
-    from ray import serve
-
-    from handlerkit.serving.ray import app
-
-    (port,) = free_ports(1)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": HOST, "port": port})
-        for name, directory in sources.items():
-            serve.run(app(directory, num_cpus=0.25), name=name, route_prefix=f"/{name}")
+    with ray_apps(sources) as port:
         yield _answers(port, per_app=True)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def _comparable(answer):
