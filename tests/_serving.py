@@ -31,8 +31,9 @@ def ray_apps(sources: Mapping[str, Path], num_cpus: float = 0.25) -> Iterator[in
 
     from handlerkit.serving.ray import app
 
-    (port,) = free_ports(1)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the port is picked after Ray's own processes have bound theirs, so none of them takes it
+    (port,) = free_ports(1)
     try:
         serve.start(http_options={"host": HOST, "port": port})
         for name, directory in sources.items():

@@ -85,9 +85,10 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    port = _free_port()
     # "local": never join a cluster some `ray start` left behind (ray.init's default would)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the port is picked after Ray's own processes have bound theirs, so none of them takes it
+    port = _free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield f"http://127.0.0.1:{port}"

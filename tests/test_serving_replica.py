@@ -70,9 +70,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     described = tmp_path_factory.mktemp("described") / "image_classifier"
     shutil.copytree(MODEL, described)
     (described / "describing.py").write_text(DESCRIBING)
-    port = _free_port()
     # "local": never join a cluster some `ray start` left behind (ray.init's default would)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the port is picked after Ray's own processes have bound theirs, so none of them takes it
+    port = _free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         handles = {

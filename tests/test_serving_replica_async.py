@@ -40,10 +40,11 @@ def _post(base: str, path: str, body: bytes) -> tuple[int, bytes]:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("async")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the port is picked after Ray's own processes have bound theirs, so none of them takes it
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(app(write_model_dir(root, VLLM_STYLE)), name="llm", route_prefix="/")

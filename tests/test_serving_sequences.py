@@ -124,8 +124,9 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("ray_sequences")
     pid_sum = model_dir(root, "pid_sum", PID_SUM, SEQUENCE_CONFIG)
     stream = model_dir(root, "stream", STREAMING_SUM, CONTINUOUS_CONFIG)
-    (port,) = free_ports(1)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the port is picked after Ray's own processes have bound theirs, so none of them takes it
+    (port,) = free_ports(1)
     try:
         serve.start(http_options={"host": HOST, "port": port})
         serve.run(app(pid_sum, num_replicas=2, num_cpus=0.25), name="pid_sum", route_prefix="/")
