@@ -342,3 +342,27 @@ def test_text_names_the_panes_it_has():
     stepper = Stepper(harness(), hk.batch(image("circle.png")), pictures=False)
     with pytest.raises(ValueError, match="no 'explain' pane; the stages are initialize, preprocess"):
         stepper.text("explain")
+
+
+def test_a_picture_that_cannot_be_drawn_leaves_a_note_with_the_reason(monkeypatch):
+    """panes.picture_output (both steppers' picture panes): the drawing, or a grey note naming
+    why there is none; the failure never escapes into the pane's other outputs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import torch
+
+    from handlerkit import viz
+    from handlerkit.errors import HandlerkitError
+    from handlerkit.widgets.panes import picture_output
+
+    drawn = picture_output(torch.rand(3, 8, 8))
+    assert drawn["output_type"] == "display_data" and "image/png" in drawn["data"]
+
+    def refuse(obj):
+        raise HandlerkitError("nothing to draw in a <set>", fix="pass a tensor")
+
+    monkeypatch.setattr(viz, "show", refuse)
+    note = picture_output({1, 2})
+    assert output_text([note]) == "no picture: nothing to draw in a <set>"
+    assert "no picture: nothing to draw in a &lt;set&gt;" in note["data"]["text/html"]

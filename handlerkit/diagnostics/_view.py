@@ -24,9 +24,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from handlerkit.errors import HandlerkitError
 from handlerkit.results import Run, StageResult
 
-__all__ = ["HarnessView"]
+__all__ = ["HarnessView", "model_handler"]
 
 
 class HarnessView(Protocol):
@@ -54,3 +55,14 @@ class HarnessView(Protocol):
     def imports(self) -> AbstractContextManager[Any]: ...
 
     def preserved(self) -> AbstractContextManager[None]: ...
+
+
+def model_handler(view: HarnessView, report: str) -> Any:
+    """The view's handler, which ``report`` reads the model of (``handler.model``); a function
+    handler has none, and is refused with the fix."""
+    if view.handler is None:
+        raise HandlerkitError(
+            f"{view.name} is a function handler: {report} finds the model as handler.model",
+            fix="write the handler as a class (e.g. a BaseHandler subclass) that keeps its model in self.model",
+        )
+    return view.handler

@@ -47,7 +47,7 @@ from handlerkit.diagnostics._dynamo_events import (
     where,
 )
 from handlerkit.diagnostics._specialisations import Specialisation, specialisations
-from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics._view import HarnessView, model_handler
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
@@ -316,12 +316,7 @@ def compile_report(
     sizes = _sizes(batch_sizes)
     if repeat < 1 or warmup < 0:
         raise ValueError(f"repeat must be >= 1 and warmup >= 0: got repeat={repeat}, warmup={warmup}")
-    handler = view.handler
-    if handler is None:
-        raise HandlerkitError(
-            f"{view.name} is a function handler: compile_report finds the model as handler.model",
-            fix="write the handler as a class (e.g. a BaseHandler subclass) that keeps its model in self.model",
-        )
+    handler = model_handler(view, "compile_report")
     report = CompileReport(handler=view.name, batch_size=len(batch))
     first = DynamoEvents()
     with first:

@@ -36,7 +36,7 @@ from handlerkit._render import Rendered, Table
 from handlerkit._text import format_bytes, suggestion
 from handlerkit.diagnostics._compile_gate import eager_model
 from handlerkit.diagnostics._format_export import ExportFailure, make, quiet, save_dir, save_made
-from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics._view import HarnessView, model_handler
 from handlerkit.diagnostics.runs import diagnostic_runs
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError
@@ -283,12 +283,7 @@ def compare_formats(
         model_dir = save_dir(view.context, view.name, save, replace)
     if repeat < 1 or warmup < 0:
         raise ValueError(f"repeat must be >= 1 and warmup >= 0: got repeat={repeat}, warmup={warmup}")
-    handler = view.handler
-    if handler is None:
-        raise HandlerkitError(
-            f"{view.name} is a function handler: compare_formats finds the model as handler.model",
-            fix="write the handler as a class (e.g. a BaseHandler subclass) that keeps its model in self.model",
-        )
+    handler = model_handler(view, "compare_formats")
     report = FormatReport(view.name, len(batch), repeat=repeat, warmup=warmup, atol=atol, rtol=rtol)
     with (
         diagnostic_runs(view),

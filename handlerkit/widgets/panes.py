@@ -80,6 +80,20 @@ def figure_output(figure: Any) -> dict[str, Any]:
     }
 
 
+def picture_output(obj: Any) -> dict[str, Any]:
+    """``obj`` drawn by :func:`handlerkit.viz.show`, or a grey note saying why it could not be
+    (a picture that cannot be drawn must not hide the rest of a pane)."""
+    try:
+        from handlerkit import viz
+
+        return figure_output(viz.show(obj))
+    except Exception as exc:
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        return html_output(
+            f"<div style='color:#777'>no picture: {html.escape(message)}</div>", f"no picture: {message}"
+        )
+
+
 def error_output(stage: str, exc: BaseException, *, unexpected: bool = False) -> dict[str, Any]:
     """A failed stage: what went wrong (a StageError's message names the handler's line), and
     the fix in its own line.

@@ -243,7 +243,7 @@ class SequenceStepper:
             self.step_picker.value = latest  # its observer draws the state
         else:
             self._draw_state()
-        self.outputs["picture"].outputs = (self._picture(seqs),) if self.pictures and seqs.steps else ()
+        self.outputs["picture"].outputs = (panes.picture_output(seqs),) if self.pictures and seqs.steps else ()
         self._set_enabled()
 
     def _set_enabled(self) -> None:
@@ -261,19 +261,8 @@ class SequenceStepper:
         step = self.sequences.steps[index]
         outs = [_state_output(step)]
         if self.draw_state.value and step.cache:
-            outs.append(self._picture(step.cache))
+            outs.append(panes.picture_output(step.cache))
         self.outputs["state"].outputs = tuple(outs)
-
-    def _picture(self, obj: Any) -> dict[str, Any]:
-        try:
-            from handlerkit import viz
-
-            return panes.figure_output(viz.show(obj))
-        except Exception as exc:  # a picture that cannot be drawn must not hide the rest
-            message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-            return panes.html_output(
-                f"<div style='color:#777'>no picture: {html.escape(message)}</div>", f"no picture: {message}"
-            )
 
 
 def _requests_output(jobs: list[Job]) -> dict[str, Any]:

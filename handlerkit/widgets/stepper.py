@@ -389,21 +389,8 @@ class Stepper:
         if logs is not None:
             outs.append(logs)
         if result.ok and self.pictures and stage != "initialize":
-            outs.append(self._picture(result))
+            outs.append(panes.picture_output(result))
         self.outputs[stage].outputs = tuple(outs)
-
-    def _picture(self, result: Any) -> dict[str, Any]:
-        """The stage's output drawn by :func:`handlerkit.viz.show` (the result's own display
-        already carries its one-line tensor summaries)."""
-        try:
-            from handlerkit import viz
-
-            return panes.figure_output(viz.show(result))
-        except Exception as exc:  # a picture that cannot be drawn must not hide the result
-            message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-            return panes.html_output(
-                f"<div style='color:#777'>no picture: {html.escape(message)}</div>", f"no picture: {message}"
-            )
 
     def _show_error(self, stage: str, exc: BaseException, *, unexpected: bool) -> None:
         self._shown[stage] = exc
