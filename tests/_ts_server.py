@@ -508,15 +508,23 @@ def serving(root: Path, archives: Mapping[str, Path], timeout: float) -> Iterato
     import pytest
 
     store = next(iter(archives.values())).parent
-    ts = TorchServe(root=root, models={name: path.name for name, path in archives.items()}, model_store=store)
-    try:
-        ts.start(timeout=timeout)
-    except ServerError as exc:
-        ts.stop()
-        pytest.fail(str(exc), pytrace=False)
-    except BaseException:
-        ts.stop()
-        raise
+    models = {name: path.name for name, path in archives.items()}
+    for attempt in (1, 2):
+        ts = TorchServe(root=root if attempt == 1 else root / "second_start", models=models, model_store=store)
+        try:
+            ts.start(timeout=timeout)
+            break
+        except ServerError as exc:
+            ts.stop()
+            # TorchServe 0.12's async worker (asyncCommunication) now and then disconnects right
+            # after its first load and its retry never loads: the server is started once more
+            # (a fresh one); the answers are checked as strictly either way.
+            if attempt == 2 or "not ready in time" not in str(exc):
+                pytest.fail(str(exc), pytrace=False)
+            sys.stderr.write(f"\nTorchServe not ready in {timeout} s ({root}); starting a fresh one once more\n")
+        except BaseException:
+            ts.stop()
+            raise
     sys.stderr.write(f"\nTorchServe ready in {ts.started_s:.1f} s ({ts.root})\n")
     try:
         yield ts
