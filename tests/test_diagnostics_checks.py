@@ -3,6 +3,8 @@ in place between two initializes (the harness takes the edit)."""
 
 from __future__ import annotations
 
+import re
+
 import handlerkit as hk
 
 
@@ -113,3 +115,41 @@ def test_same_output_stays_importable_from_checks():
     from handlerkit.diagnostics.checks import same_output
 
     assert same_output is owner
+
+
+# ---------------------------------------------------------------------------- each row its request
+def _validating_audio_dir(path):
+    """The audio model dir of a user who validates the payload in preprocess, naming the request
+    by its index in the batch the handler got, as handlerkit's templates do."""
+    from _new_users import audio_dir
+
+    model_dir = audio_dir(path)
+    handler = model_dir / "handler.py"
+    source = handler.read_text()
+    for old, new in [
+        ("import torch\n", "import torch\nfrom handlerkit.errors import RequestError\n"),
+        (
+            '        for row in data:\n            body = row.get("data") or row.get("body")\n',
+            '        for index, row in enumerate(data):\n            body = row.get("data") or row.get("body")\n'
+            "            if not isinstance(body, (bytes, bytearray)):\n"
+            '                raise RequestError(f"request {index}: expected WAV bytes, got {type(body).__name__}", '
+            'index, fix="send the WAV file as the body")\n',
+        ),
+    ]:
+        assert old in source
+        source = source.replace(old, new, 1)
+    handler.write_text(source)
+    return model_dir
+
+
+def test_each_row_of_the_encodings_table_names_its_own_request(tmp_path):
+    from _new_users import wav_bytes
+
+    h = hk.Harness.open(_validating_audio_dir(tmp_path / "sounds"))
+    wavs = hk.batch(*(hk.Request.from_bytes(wav_bytes(f), "audio/wav") for f in (300.0, 440.0, 1000.0, None)))
+    report = h.check(wavs, progress=False)
+    refused = [(i, outcome) for i, variant, outcome in report.encodings if variant == "base64 str (JSON clients)"]
+    # Each request is re-sent alone, where the handler calls it request 0: the table says which it is.
+    assert refused == [(i, f"refused clearly: request {i}: expected WAV bytes, got str") for i in range(4)]
+    named = {(i, int(n)) for i, _, outcome in report.encodings for n in re.findall(r"request (\d+)", outcome)}
+    assert named == {(i, i) for i in range(4)}

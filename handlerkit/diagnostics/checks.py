@@ -20,6 +20,7 @@ import base64
 import contextlib
 import json
 import random
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -146,6 +147,16 @@ def _first_line(error: StageError) -> str:
     return error.message.splitlines()[0]
 
 
+_REQUEST_0 = re.compile(r"\brequest 0\b")
+
+
+def _alone(text: str, index: int) -> str:
+    """A message from request ``index`` run alone, a batch of one where it is request 0 (the
+    handler's ``f"request {i}: ..."`` and the harness's ``for request 0``), naming it as the
+    batch does: ``request 0`` is ``request <index>``."""
+    return _REQUEST_0.sub(f"request {index}", text) if index else text
+
+
 def _runs_problem(error: StageError) -> Problem:
     """The batch cannot run (or the handler cannot initialize): nothing else can be checked."""
     return Problem("runs", _first_line(error), error.fix or "", error.stage, error.request_index)
@@ -201,7 +212,7 @@ def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, show
                 continue
             for variant, data in _encodings(part.data[0]):
                 out, err = _run_output(harness, Batch.coerce([data], decode=batch.decode))
-                outcome, message, fix = _judge(out, err, baseline, atol, rtol)
+                outcome, message, fix = _judge(out, err, baseline, atol, rtol, i)
                 report.encodings.append((i, variant, outcome))
                 if message is not None:
                     report.problems.append(
@@ -244,10 +255,11 @@ def _parity(
         alone, err = _run_output(harness, part)
         singles.append(alone[0] if err is None and isinstance(alone, list) and alone else None)
         if err is not None:
-            report.parity.append((i, f"fails alone: {_first_line(err)}"))
+            first = _alone(_first_line(err), i)
+            report.parity.append((i, f"fails alone: {first}"))
             report.problems.append(
                 Problem(
-                    "batch-parity", f"fails alone but not in the batch: {_first_line(err)}", err.fix or "", err.stage, i
+                    "batch-parity", f"fails alone but not in the batch: {first}", _alone(err.fix or "", i), err.stage, i
                 )
             )
     for i, alone in enumerate(singles):
@@ -294,15 +306,18 @@ def _encodings(row: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         yield "raw bytes (no content-type)", {name: bytearray(value.encode("utf-8")), **rest}
 
 
-def _judge(out: Any, err: StageError | None, baseline: Any, atol: float, rtol: float) -> tuple[str, str | None, str]:
-    """``(outcome, problem or None, fix)`` of one other encoding."""
+def _judge(
+    out: Any, err: StageError | None, baseline: Any, atol: float, rtol: float, index: int
+) -> tuple[str, str | None, str]:
+    """``(outcome, problem or None, fix)`` of request ``index`` in one other encoding (run alone)."""
     if err is not None:
         original = err.original
         if getattr(original, "fix", None):  # the handler refused it and said what to send
-            return f"refused clearly: {getattr(original, 'message', str(original)).splitlines()[0][:90]}", None, ""
+            said = _alone(getattr(original, "message", str(original)).splitlines()[0], index)
+            return f"refused clearly: {said[:90]}", None, ""
         return (
             f"fails: {type(original).__name__ if original else 'error'}",
-            f"the handler fails with {type(original).__name__}: {original}",
+            f"the handler fails with {type(original).__name__}: {_alone(str(original), index)}",
             "accept this encoding or refuse it with an error that says what to send (RequestError(..., fix=...))",
         )
     item = out[0] if isinstance(out, list) and out else out
