@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
+import re
 import struct
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import quote_plus, unquote_plus, unquote_to_bytes
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.errors import HandlerkitWarning
@@ -61,12 +62,115 @@ def _part_type(content_type: str | None) -> str | None:
 
 
 def urlencoded_fields(data: bytes) -> list[Triple]:
-    """An ``application/x-www-form-urlencoded`` body split into fields (no content types)."""
-    try:
-        fields = parse_qsl(data.decode("utf-8"), keep_blank_values=True)
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"an {FORM_URLENCODED} body must be UTF-8: {exc}") from exc
-    return [(k, v.encode("utf-8"), None) for k, v in fields]
+    """An ``application/x-www-form-urlencoded`` body split into fields as TorchServe 0.12's
+    frontend splits it (``InferenceRequestHandler`` hands it to Netty 4.1.53's
+    ``HttpPostStandardRequestDecoder``; ``NettyUtils.getFormData`` makes each field a parameter
+    without a content type, so the worker hands the handler a ``bytearray``):
+
+    - fields are separated by ``&``; ``+`` is a space and ``%XX`` a byte, in names and values;
+    - a name is text (UTF-8, an invalid sequence becomes U+FFFD), stripped of whitespace at
+      either end; a value stays the bytes it decodes to, whatever they are;
+    - ``a&b=1`` gives ``a`` an empty value; a last field without ``=`` (``a=1&b``) is dropped,
+      as is a trailing ``&``; a value ends at a line end (CRLF or LF), and what follows is ignored;
+    - a repeated name is a parameter each time (the worker's dict keeps the last value).
+
+    Raises:
+        ValueError: a body the frontend cannot split (it answers 500 and the handler never sees
+            it): a field without a name (``=x``, ``&a=1``, ``a=1&&b=2``), a ``%`` not followed by
+            two hex digits, a CR not followed by LF in a value.
+    """
+    fields: list[Triple] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        stop = _first_of(data, b"=&", pos)
+        if stop is None:
+            break  # a name without "=" at the end of the body: Netty never completes that field
+        name = _form_name(data[pos:stop], pos)
+        if data[stop : stop + 1] == b"&":
+            fields.append((name, b"", None))
+            pos = stop + 1
+            continue
+        value_end = _first_of(data, b"&\r\n", stop + 1)
+        if value_end is None:
+            fields.append((name, _form_bytes(data[stop + 1 :], name), None))
+            break
+        fields.append((name, _form_bytes(data[stop + 1 : value_end], name), None))
+        mark = data[value_end : value_end + 1]
+        if mark == b"&":
+            pos = value_end + 1
+            continue
+        if mark == b"\r" and data[value_end + 1 : value_end + 2] not in (b"\n", b""):
+            raise _unsplittable(f"field {name!r} has a CR not followed by LF (Netty: 'Bad end of line')")
+        break  # a line end ends the body
+    return fields
+
+
+#: What Netty strips from a field's name (Java's ``\\s`` at either end, and every LF).
+_NAME_STRIP = re.compile(r"^[ \t\n\x0b\f\r]+|[ \t\n\x0b\f\r]+$|\n")
+
+
+def _first_of(data: bytes, marks: bytes, start: int) -> int | None:
+    found = [i for i in (data.find(bytes([m]), start) for m in marks) if i >= 0]
+    return min(found) if found else None
+
+
+def _unsplittable(what: str) -> ValueError:
+    return ValueError(
+        f"TorchServe's frontend cannot split this {FORM_URLENCODED} body: {what}; it answers 500 and "
+        "the handler never sees the request"
+    )
+
+
+def _check_escapes(raw: bytes, what: str) -> None:
+    at = raw.find(b"%")
+    while at >= 0:
+        digits = raw[at + 1 : at + 3]
+        if len(digits) < 2 or not all(chr(d) in "0123456789abcdefABCDEF" for d in digits):
+            raise _unsplittable(f"{what} {raw!r} has a '%' not followed by two hex digits")
+        at = raw.find(b"%", at + 3)
+
+
+def _form_name(raw: bytes, at: int) -> str:
+    """A field's name: UTF-8 text, ``+`` and ``%XX`` decoded (``QueryStringDecoder.decodeComponent``),
+    then tidied as Netty's ``AbstractHttpData`` names are: CR and tab become spaces, LF goes,
+    whitespace at either end is stripped."""
+    _check_escapes(raw, "the name")
+    text = unquote_plus(raw.decode("utf-8", errors="replace"), errors="replace")
+    name = _NAME_STRIP.sub("", text.replace("\r", " ").replace("\t", " "))
+    if not name:
+        raise _unsplittable(f"the field at byte {at} has no name (Netty: 'empty name')")
+    return name
+
+
+def _form_bytes(raw: bytes, name: str) -> bytes:
+    """A field's value: the bytes ``+`` and ``%XX`` decode to (Netty decodes values byte-wise)."""
+    _check_escapes(raw, f"the value of {name!r}")
+    return unquote_to_bytes(raw.replace(b"+", b" "))
+
+
+def urlencoded_body(fields: Iterable[tuple[Any, Any]]) -> bytes:
+    """The ``application/x-www-form-urlencoded`` body of ``(name, value)`` pairs, as ``curl -d``
+    or ``requests.post(url, data=...)`` sends it: see ``Request.form`` for the values allowed."""
+    parts = []
+    for name, value in fields:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"form field names must be non-empty str: got {name!r}")
+        if isinstance(value, tuple) and len(value) == 2 and value[1] is None:
+            value = value[0]  # (value, None): a plain field, which every urlencoded field is
+        if isinstance(value, str):
+            raw = value.encode("utf-8")
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            raw = bytes(value)
+        else:
+            kind = "a file" if isinstance(value, os.PathLike) else "a typed value" if isinstance(value, tuple) else None
+            got = kind or type(value).__name__
+            raise TypeError(
+                f"form field {name!r}: an {FORM_URLENCODED} field is text or bytes, with no content type "
+                f"(the worker sees '' and hands the handler a bytearray): got {got}; send files and typed "
+                "fields as multipart/form-data (drop the Content-Type header)"
+            )
+        parts.append(f"{quote_plus(name)}={quote_plus(raw)}")
+    return "&".join(parts).encode("ascii")
 
 
 def form_field(name: Any, value: Any) -> Triple:

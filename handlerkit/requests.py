@@ -8,7 +8,8 @@ handlers read it), are :mod:`handlerkit.batches`. TorchServe 0.12's rules:
 - A raw body is one parameter ``"body"`` typed by the ``Content-Type`` header's media type, the
   part before ``;`` and not trimmed (``application/json; charset=utf-8`` → ``application/json``,
   but ``application/json ; charset=utf-8`` → ``"application/json "``, which the worker does not
-  parse); an ``application/x-www-form-urlencoded`` body (any case) is split into fields.
+  parse); an ``application/x-www-form-urlencoded`` body (any case) is split into fields, each
+  untyped (the handler gets a ``bytearray``), a repeated name once per occurrence.
   Multipart fields arrive under their own names: plain fields untyped, file uploads with the
   part's type (``application/octet-stream`` if none).
 - The worker decodes ``application/json`` with ``json.loads`` and ``text*`` as UTF-8 ``str``;
@@ -48,7 +49,7 @@ import json
 import mimetypes
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -136,6 +137,17 @@ def _with_content_type(headers: Mapping[str, str] | None, content_type: str) -> 
     if _header_content_type(hdrs) is not None:
         return hdrs
     return {"Content-Type": content_type, **hdrs}
+
+
+def _pairs(fields: Any) -> list[tuple[str, Any]]:
+    """``Request.form``'s fields given as ``(name, value)`` pairs."""
+    if isinstance(fields, (str, bytes)) or not isinstance(fields, Iterable):
+        raise TypeError(f"Request.form needs a mapping or a list of (name, value) pairs: got {type(fields).__name__}")
+    pairs = list(fields)
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"Request.form needs (name, value) pairs: got {pair!r}")
+    return pairs
 
 
 def _copied(value: Any) -> Any:
@@ -308,15 +320,19 @@ class Request:
     @classmethod
     def form(
         cls,
-        fields: Mapping[str, Any],
+        fields: Mapping[str, Any] | Iterable[tuple[str, Any]],
         headers: Mapping[str, str] | None = None,
         request_id: str | None = None,
         *,
         url_path: str = "",
     ) -> Request:
-        """A multipart/form-data request; each field arrives under its own name.
+        """A form request; each field arrives under its own name.
 
-        Field values, and what the frontend makes of each:
+        ``fields`` is a mapping of field name → value, or a list of ``(name, value)`` pairs (a
+        name given twice arrives twice, as two parameters; the worker's dict keeps the last).
+
+        By default the request is ``multipart/form-data`` (``curl -F``, ``requests.post(url,
+        files=...)``). Field values, and what the frontend makes of each:
 
         - ``str``: a plain form field — no content type, so the handler gets a ``bytearray``
           of its UTF-8 bytes (not a ``str``!), as with ``curl -F data=hello``;
@@ -325,17 +341,33 @@ class Request:
           from the extension (``application/octet-stream`` when unknown), as curl does;
         - ``(value, content_type)``: the value (str, bytes or path) with that content type
           (``None`` for a plain field).
+
+        With a ``Content-Type: application/x-www-form-urlencoded`` header it is an urlencoded
+        body instead (``curl -d``, ``requests.post(url, data={...})``, mlflow-torchserve's
+        plugin), which TorchServe's frontend splits into the same fields: every value ``str`` or
+        ``bytes`` (or ``(value, None)``), none with a content type, so the handler gets each as
+        a ``bytearray`` of its bytes (see :func:`handlerkit._wire.urlencoded_fields` for the
+        frontend's rules).
+
+        Raises:
+            ValueError: no fields, or a Content-Type header that is neither of the two.
+            TypeError: a value of another kind (a file or a content type in an urlencoded form).
         """
-        if not isinstance(fields, Mapping) or not fields:
-            raise ValueError("Request.form needs a non-empty mapping of field name → value")
-        params = tuple(Parameter(*_wire.form_field(name, value)) for name, value in fields.items())
+        pairs = list(fields.items()) if isinstance(fields, Mapping) else _pairs(fields)
+        if not pairs:
+            raise ValueError("Request.form needs a non-empty mapping of field name → value (or a list of pairs)")
         hdrs = _with_content_type(headers, _wire.MULTIPART)
         header = _header_content_type(hdrs)
-        if not _wire.is_multipart(header):
+        if _wire.is_multipart(header):
+            params = tuple(Parameter(*_wire.form_field(name, value)) for name, value in pairs)
+        elif _wire.is_urlencoded(_wire.media_type(header)):
+            # The body a client sends, split as the frontend splits it: what the handler gets.
+            params = tuple(Parameter(*f) for f in _wire.urlencoded_fields(_wire.urlencoded_body(pairs)))
+        else:
             raise ValueError(
-                f"Request.form sends multipart/form-data, but the Content-Type header is {header!r}: "
-                "the frontend would read the body as one raw parameter; drop the header, or build "
-                "the request with Request.from_bytes"
+                f"Request.form sends multipart/form-data or {_wire.FORM_URLENCODED}, but the Content-Type "
+                f"header is {header!r}: the frontend would read the body as one raw parameter; drop the "
+                "header, or build the request with Request.from_bytes"
             )
         return cls._make(params, hdrs, request_id, url_path)
 

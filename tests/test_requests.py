@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import json
+import re
 import uuid
 
 import pytest
@@ -133,7 +134,7 @@ def test_content_type_and_header_must_agree():
         Request.json({"a": 1}, headers={"content-type": "text/plain"})
     with pytest.raises(ValueError, match=r"several Content-Type values \['image/png', 'text/plain'\]"):
         Request.from_bytes(b"x", headers={"Content-Type": "text/plain", "content-type": "image/png"})
-    with pytest.raises(ValueError, match=r"Request\.form sends multipart/form-data, but the Content-Type header is 'application/json'"):
+    with pytest.raises(ValueError, match=r"Request\.form sends multipart/form-data or application/x-www-form-urlencoded, but the Content-Type header is 'application/json'"):
         Request.form({"data": "x"}, headers={"Content-Type": "application/json"})
     # The same media type in both is fine: the header (what the frontend reads) is kept.
     req = Request.json({"a": 1}, headers={"Content-Type": "application/json; charset=utf-8"})
@@ -214,6 +215,100 @@ def test_urlencoded_body_is_split_into_fields():
     assert [p.name for p in req.parameters] == ["data", "n", "empty"]
     assert batch(req).data == [{"data": bytearray(b"hello world"), "n": bytearray(b"3"), "empty": bytearray()}]
     assert req.headers == {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+URLENCODED = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_an_urlencoded_form_arrives_as_the_frontend_splits_it():
+    # curl -d / requests.post(url, data={...}) / mlflow-torchserve: InferenceRequestHandler hands
+    # the body to Netty's HttpPostRequestDecoder; NettyUtils.getFormData makes each field an
+    # untyped parameter, so the worker hands the handler a bytearray, whatever the value was.
+    req = Request.form({"data": "hello wörld & more", "n": "3", "raw": b"\x00\xff+%", "plain": ("x", None)}, headers=URLENCODED)
+    assert req.parameters == (
+        Parameter("data", "hello wörld & more".encode(), None),
+        Parameter("n", b"3", None),
+        Parameter("raw", b"\x00\xff+%", None),
+        Parameter("plain", b"x", None),
+    )
+    (entry,) = batch(req).data
+    assert entry == {"data": bytearray("hello wörld & more".encode()), "n": bytearray(b"3"), "raw": bytearray(b"\x00\xff+%"), "plain": bytearray(b"x")}
+    assert all(type(v) is bytearray for v in entry.values())
+    (headers,) = batch(req).headers
+    assert headers["data"] == {"content-type": ""} and headers["Content-Type"] == "application/x-www-form-urlencoded"
+    # The same request as its body sent raw: the form is what a client puts on the wire.
+    body = b"data=hello+w%C3%B6rld+%26+more&n=3&raw=%00%FF%2B%25&plain=x"
+    assert Request.from_bytes(body, "application/x-www-form-urlencoded").parameters == req.parameters
+
+
+def test_a_repeated_urlencoded_name_is_a_parameter_each_time_and_the_worker_keeps_the_last():
+    # ts/service.py retrieve_data_for_inference: model_in.update({name: value}) per parameter.
+    req = Request.form([("tag", "a"), ("tag", "b"), ("k", "1")], headers=URLENCODED)
+    assert [(p.name, p.value) for p in req.parameters] == [("tag", b"a"), ("tag", b"b"), ("k", b"1")]
+    assert batch(req).data == [{"tag": bytearray(b"b"), "k": bytearray(b"1")}]
+    multipart = Request.form([("tag", "a"), ("tag", "b")])  # multipart repeats the same way
+    assert batch(multipart).data == [{"tag": bytearray(b"b")}]
+
+
+@pytest.mark.parametrize("body, fields", [
+    # What TorchServe 0.12's frontend (Netty 4.1.53, run on these bodies) makes of each.
+    (b"a=1&b=hello+world", [("a", b"1"), ("b", b"hello world")]),
+    (b"a&b=1", [("a", b""), ("b", b"1")]),  # a name without "=" then "&": an empty value
+    (b"a=1&b", [("a", b"1")]),  # ... but at the end of the body: dropped
+    (b"a=1&", [("a", b"1")]),
+    (b"", []),
+    (b"a==b", [("a", b"=b")]),
+    (b"a=1;b=2", [("a", b"1;b=2")]),  # only "&" separates
+    (b"a=%FF%00", [("a", b"\xff\x00")]),  # values are bytes, percent-decoded byte-wise
+    (b"a=\xff\xfe", [("a", b"\xff\xfe")]),
+    (b"k%C3%A9y=v%C3%A9", [("kéy", b"v\xc3\xa9")]),  # names are text
+    (b"k%FF=1", [("k\ufffd", b"1")]),
+    (b"+a+=1", [("a", b"1")]),  # a name's ends are stripped, its LFs dropped
+    (b"a%0Ab=1", [("ab", b"1")]),
+    (b"a=1\r\nb=2", [("a", b"1")]),  # a line end ends the body
+    (b"a=1\nb=2", [("a", b"1")]),
+])
+def test_an_urlencoded_body_is_split_by_nettys_rules(body, fields):
+    req = Request.from_bytes(body, "application/x-www-form-urlencoded")
+    assert [(p.name, p.value, p.content_type) for p in req.parameters] == [(n, v, None) for n, v in fields]
+
+
+@pytest.mark.parametrize("body, why", [
+    (b"=x", "the field at byte 0 has no name"),
+    (b"&name=J", "the field at byte 0 has no name"),
+    (b"a=1&&b=2", "the field at byte 4 has no name"),
+    (b"+=1", "the field at byte 0 has no name"),
+    (b"a=%G1", "the value of 'a' b'%G1' has a '%' not followed by two hex digits"),
+    (b"a=1%", "the value of 'a' b'1%' has a '%' not followed by two hex digits"),
+    (b"a%=1", "the name b'a%' has a '%' not followed by two hex digits"),
+    (b"a=1\rb", "field 'a' has a CR not followed by LF"),
+])
+def test_an_urlencoded_body_the_frontend_cannot_split_is_refused(body, why):
+    # Netty throws ErrorDataDecoderException; HttpRequestHandler answers 500: no handler sees it.
+    expected = f"^TorchServe's frontend cannot split this application/x-www-form-urlencoded body: {re.escape(why)}.*it answers 500"
+    with pytest.raises(ValueError, match=expected):
+        Request.from_bytes(body, "application/x-www-form-urlencoded")
+
+
+def test_an_urlencoded_form_has_no_files_and_no_content_types(png_file):
+    with pytest.raises(TypeError, match=r"form field 'data': an application/x-www-form-urlencoded field is text or bytes, with no content type .*got a file; send files and typed fields as multipart/form-data"):
+        Request.form({"data": png_file}, headers=URLENCODED)
+    with pytest.raises(TypeError, match=r"form field 'meta': .*got a typed value"):
+        Request.form({"meta": ("{}", "application/json")}, headers=URLENCODED)
+    with pytest.raises(TypeError, match=r"form field 'n': .*got int"):
+        Request.form({"n": 3}, headers=URLENCODED)
+    with pytest.raises(TypeError, match=r"needs \(name, value\) pairs: got 'tag'"):
+        Request.form(["tag"], headers=URLENCODED)
+
+
+def test_a_new_users_audio_handler_reads_a_wav_sent_as_an_urlencoded_form(tmp_path):
+    from _new_users import audio_dir, wav_bytes
+
+    h = hk.Harness.open(audio_dir(tmp_path / "sounds"))
+    wav = wav_bytes(440.0)
+    as_body = h.run(batch(Request.from_bytes(wav, "audio/wav"))).output
+    as_form = h.run(batch(Request.form({"data": wav}, headers=URLENCODED))).output
+    assert as_form == as_body and h.results["preprocess"].input == [{"data": bytearray(wav)}]
 
 
 def test_invalid_json_is_forwarded_raw_with_warning():

@@ -173,6 +173,19 @@ def test_an_untrimmed_media_type_stays_bytes_in_the_worker_too():
     assert_same_typed([rp.get_request_properties() for rp in processors], b.headers, "headers")
 
 
+def test_urlencoded_forms_reach_the_worker_as_untyped_fields_the_last_of_a_repeated_name_kept():
+    urlencoded = {"Content-Type": "application/x-www-form-urlencoded"}
+    b = batch(
+        Request.form({"data": "hello world", "raw": b"\x00\xff"}, headers=urlencoded),
+        Request.form([("tag", "a"), ("tag", "b")], headers=urlencoded),
+    )
+    _, processors, input_batch, _ = through_torchserve(b)
+    assert_same_typed(input_batch, b.data)
+    assert_same_typed(input_batch, [{"data": bytearray(b"hello world"), "raw": bytearray(b"\x00\xff")}, {"tag": bytearray(b"b")}])
+    assert_same_typed([rp.get_request_properties() for rp in processors], b.headers, "headers")
+    assert b.headers[1]["tag"] == {"content-type": ""}
+
+
 def test_raw_data_dicts_with_a_wire_form_round_trip():
     b = Batch.coerce([{"data": {"a": [1, 2]}, "s": "text", "img": bytearray(b"\x00\x01")}])
     _, processors, input_batch, _ = through_torchserve(b)
