@@ -108,7 +108,8 @@ class Harness(Reports):
             enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self.batch: Any = None
-        #: The last :meth:`run`'s (or :meth:`stream`'s) Run; None before one succeeds.
+        #: The last :meth:`run`'s (or :meth:`stream`'s) Run, a failed one included (its ``error``
+        #: set, the chunks a streaming handler sent before failing kept); None before any.
         self.last_run: Run | None = None
         self._warning_registry: dict[Any, Any] = {}
         self._capture: Capture | None = None
@@ -392,14 +393,21 @@ class Harness(Reports):
         Initializes first when that has not happened. The handler's own ``handle`` decides
         what runs (describe and explain requests go where TorchServe's BaseHandler sends
         them; ``ENABLE_TORCH_PROFILER`` is honoured by it); the run keeps a result for every
-        stage it called, and ``Run.output`` is exactly what it returned.
+        stage it called, and ``Run.output`` is exactly what it returned. When the handler raises,
+        its StageError is raised and ``h.last_run`` is the failed Run (``.error``, the stages
+        that ran, the chunks sent before the failure).
         """
+        self.last_run = None  # until this run has one: never the previous run's
+        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
+        count = len(batch)
         initialized = self.results.get("initialize")
         if initialized is None or initialized.error is not None:
-            self.initialize()
-        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
+            try:
+                self.initialize()
+            except StageError as not_loaded:
+                self.last_run = self._failed_run({"initialize": self.results["initialize"]}, count, None, not_loaded)
+                raise
         self._bind(batch)
-        count = len(batch)
         capture = self._open_capture()
         try:
             recorder = self._recorder()
@@ -430,6 +438,8 @@ class Harness(Reports):
                 failed.error = self._stage_error(
                     stage, error, count, on_batch_data=lap is not None and lap.input is data
                 )
+                stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
+                self.last_run = self._failed_run(stages, count, handle_ms, failed.error, socket)
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
@@ -448,6 +458,24 @@ class Harness(Reports):
         if sent is not None:
             run.chunks, run.streams = sent.chunks, sent.streams
         self.last_run = run
+        return run
+
+    def _failed_run(
+        self,
+        stages: dict[str, StageResult],
+        count: int,
+        handle_ms: float | None,
+        error: StageError,
+        socket: ChunkSocket | None = None,
+    ) -> Run:
+        """The Run of a batch whose handler raised ``error``: the stages that ran, no output,
+        and what a streaming handler sent before it failed."""
+        run = Run(None, stages, count, run_mode(stages), handle_ms, source=self.handler, error=error)
+        if socket is not None and socket.sent and handle_ms is not None:
+            # No final answer ends these streams: the worker answers the batch with the error, as
+            # it does for a non-list output (which is what check_output(None) reports).
+            sent = collect(socket, self.context, handle_ms, None, check_output(None, count))
+            run.chunks, run.streams = sent.chunks, sent.streams
         return run
 
     def stream(self, batch_or_data: Any) -> Generator[Chunk, None, Run]:

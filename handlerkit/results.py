@@ -134,8 +134,13 @@ class StageResult(Rendered):
 class Run(Rendered):
     """All stages of one batch: ``output`` is what ``handle`` returned.
 
+    A run whose handler raised still has a Run (``h.last_run``; the StageError is raised by
+    ``h.run``): its ``error`` is that StageError, its ``output`` None, its stages those that ran
+    (the failed one holds the error and the input it failed on), its ``chunks`` what a
+    streaming handler sent before it failed; it shows the error first.
+
     Attributes:
-        output: ``handle``'s return value.
+        output: ``handle``'s return value (None when it raised).
         stages: ``initialize`` and then each stage ``handle`` ran, in the order it first ran
             them; then a ``handle`` stage when it ran none of them, or when it raised outside
             them (that stage carries the error).
@@ -150,6 +155,7 @@ class Run(Rendered):
         streams: per request of the batch that got chunks, a
             :class:`~handlerkit.streaming.RequestStream`: its chunks, time to first chunk,
             inter-chunk p50/p99.
+        error: the :class:`~handlerkit.errors.StageError` ``handle`` raised; None when it returned.
     """
 
     output: Any
@@ -160,6 +166,7 @@ class Run(Rendered):
     source: Any = field(default=None, repr=False, compare=False)
     chunks: list[Chunk] = field(default_factory=list)
     streams: list[RequestStream] = field(default_factory=list)
+    error: StageError | None = None
 
     @property
     def timings(self) -> dict[str, float]:
@@ -178,9 +185,8 @@ class Run(Rendered):
 
     @property
     def ok(self) -> bool:
-        """No error among the problems: TorchServe would send this output (a run whose handler
-        raised has no Run: the StageError is raised)."""
-        return not any(p.severity == "error" for p in self.problems)
+        """The handler returned and no error is among the problems: TorchServe would send this output."""
+        return self.error is None and not any(p.severity == "error" for p in self.problems)
 
     def _summary(self) -> str:
         problems = self.problems
@@ -190,17 +196,27 @@ class Run(Rendered):
             first = min((s.first_chunk_ms for s in self.streams), default=None)
             after = f", first after {first:.2f} ms" if first is not None else ""
             streamed = f", {len(self.chunks)} chunk(s){after}"
-        return f"Run of {self.batch_size} request(s), {self.total_ms:.2f} ms{streamed}{verdict}"
+        took = f", {self.total_ms:.2f} ms" if self.handle_ms is not None or self.error is None else ""
+        head = f"Run of {self.batch_size} request(s){took}{streamed}{verdict}"
+        if self.error is not None:
+            return f"{head}, FAILED: {self.error.message.splitlines()[0]}"
+        return head
 
     def _tables(self) -> list[Table]:
         rows, inner = [], []
         for name, r in self.stages.items():
             tensors = list(iter_tensors(r.output, limit=9))
             bare = len(tensors) == 1 and tensors[0][0] == "<value>"
-            rows.append([name, r.calls, round(r.wall_ms, 3), tensor_summary(r.output) if bare else describe(r.output)])
+            shown = tensor_summary(r.output) if bare else describe(r.output)
+            if r.error is not None:
+                original = r.error.original
+                shown = f"raised {type(original).__name__ if original is not None else 'StageError'}"
+            rows.append([name, r.calls, round(r.wall_ms, 3), shown])
             if not bare:
                 inner += [[name, f"output{path}", tensor_summary(t)] for path, t in tensors[:8]]
         tables = [Table(("stage", "calls", "wall ms", "output"), rows)]
+        if self.error is not None:  # what a person looks at first
+            tables.insert(0, _error_table(self.error))
         if inner:
             tables.append(Table(("stage", "tensor", "summary"), inner, "tensors in the outputs"))
         if self.streams:
@@ -213,6 +229,21 @@ class Run(Rendered):
             ]
             tables.append(Table(("severity", "stage", "request", "problem", "fix"), problem_rows, "contract problems"))
         return tables
+
+
+def _error_table(error: StageError) -> Table:
+    """A failed run's error: what was raised, where, its fix, and where the failed stage's input is."""
+    lines = error.message.splitlines()
+    rows: list[tuple[str, Any]] = [("error", lines[0])]
+    if error.location is not None:
+        file, line, text = error.location
+        rows.append(("at", f"{file}:{line}: {text}"))
+    rows += [("", more.strip()) for more in lines[1:] if not more.strip().startswith("at ")]
+    if error.fix:
+        rows.append(("fix", error.fix))
+    if error.stage not in ("initialize", "reload"):
+        rows.append(("its input", f"h.last_run.stages[{error.stage!r}].input: what {error.stage} failed on"))
+    return Table(("", ""), rows, "the run failed: handle raised, so there is no output", wrap=100)
 
 
 def run_mode(stages: dict[str, StageResult]) -> str:

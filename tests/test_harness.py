@@ -695,3 +695,68 @@ def test_errors_name_a_request_by_the_name_the_harness_was_given(tmp_path):
     assert info.value.request_index == 1
     assert info.value.fix.startswith("the client's payload lacks the key 'features' (did you mean 'feature'?): "
                                      "misspelt.json sent a JSON object with 'feature'")
+
+
+# -------------------------------------------------------------------- a failed run is a Run too
+def test_a_failed_run_replaces_the_last_run_with_its_error_and_the_stages_that_ran(tmp_path):
+    from _new_users import RANKER_ITEMS, ranker_dir, ranker_request
+
+    h = hk.Harness.open(ranker_dir(tmp_path / "recs"))
+    good = h.run(hk.batch(hk.Request.json(ranker_request(1, [1, 2, 3])), hk.Request.json(ranker_request(2, [4]))))
+    assert h.last_run is good and good.error is None and good.ok
+    bad = hk.batch(hk.Request.json(ranker_request(1, [1, 2])), hk.Request.json(ranker_request(2, [RANKER_ITEMS + 59])))
+    with pytest.raises(StageError, match="index out of range in self") as info:
+        h.run(bad)
+    failed = h.last_run
+    assert failed is not good and failed.error is info.value and not failed.ok
+    assert failed.output is None and failed.batch_size == 2 and failed.mode == "stages"
+    assert list(failed.stages) == ["initialize", "preprocess", "inference"]
+    inference = failed.stages["inference"]
+    assert inference.error is info.value and inference.input is failed.stages["preprocess"].output
+    assert inference.input[1].tolist() == [[1, 2], [99, 0]]  # what it failed on, kept
+    # It says so before anything else, in the one line and in the tables.
+    first_line = info.value.message.splitlines()[0]
+    assert repr(failed) == f"<Run {failed._summary()}>" and failed._summary().endswith(f", FAILED: {first_line}")
+    text = str(failed).split("\n\n")
+    assert text[1].startswith("the run failed: handle raised, so there is no output\nerror      " + first_line)
+    assert "its input  h.last_run.stages['inference'].input: what inference failed on" in text[1]
+    assert "inference       1" in text[2] and "raised IndexError" in text[2]
+    assert h.run(hk.batch(hk.Request.json(ranker_request(3, [5])))).ok and h.last_run.error is None  # usable
+
+
+def test_a_run_whose_initialize_fails_is_a_failed_run_of_initialize_alone(tmp_path):
+    from _new_users import audio_dir, wav_bytes
+
+    model_dir = audio_dir(tmp_path / "sounds")
+    (model_dir / "model.pt").write_bytes(b"not weights")
+    h = hk.Harness.open(model_dir)
+    with pytest.raises(StageError) as info:
+        h.run(hk.batch(hk.Request.from_bytes(wav_bytes(), "audio/wav")))
+    assert info.value.stage == "initialize"
+    assert h.last_run is not None and h.last_run.error is info.value and list(h.last_run.stages) == ["initialize"]
+    assert "its input" not in str(h.last_run)  # initialize reads the context, no request
+
+
+def test_a_streaming_run_failing_after_its_chunks_keeps_them_in_the_failed_run(tmp_path):
+    from _new_users import char_stream_dir
+
+    model_dir = char_stream_dir(tmp_path / "chars")
+    handler = model_dir / "handler.py"
+    source = handler.read_text()
+    old = "    def postprocess(self, texts):\n        return texts\n"
+    assert old in source
+    handler.write_text(source.replace(old, "    def postprocess(self, texts):\n        return [t + self.suffix for t in texts]\n"))
+    h = hk.Harness.open(model_dir)
+    prompts = hk.batch(hk.Request.text("hello"), hk.Request.text("abc"))
+    chunks = []
+    with pytest.raises(StageError, match="postprocess failed in CharStreamHandler.*AttributeError") as info:
+        for chunk in h.stream(prompts):
+            chunks.append(chunk)
+    run = h.last_run
+    assert run is not None and run.error is info.value and run.output is None
+    assert run.chunks == chunks and len(chunks) == 16  # 8 characters for each of the two prompts, all sent
+    assert [s.index for s in run.streams] == [0, 1] and all(len(s.chunks) == 8 for s in run.streams)
+    assert all(s.final_ms is None for s in run.streams)  # no final answer ended them
+    texts = run.stages["postprocess"].input  # what postprocess failed on: the whole texts
+    assert ["".join(c.text for c in s.chunks) for s in run.streams] == texts
+    assert "16 chunk(s)" in repr(run) and ", FAILED: postprocess failed" in repr(run)

@@ -217,3 +217,34 @@ def test_a_run_is_ok_when_no_problem_is_an_error():
     assert fine.ok
     warned = StageResult("postprocess", output=["a"], problems=[Problem("slow", "took long", "", "postprocess", severity="warning")])
     assert Run(output=["a"], stages={"postprocess": warned}, batch_size=1).ok
+
+
+def test_a_failed_run_says_so_first_with_where_and_the_fix_and_is_not_ok():
+    error = StageError(
+        "inference failed in RecsHandler for request 1: IndexError: index out of range in self\n"
+        "  at /m/model.py:13: items = self.items(item_ids)",
+        stage="inference", request_index=1, original=IndexError("index out of range in self"),
+        fix="validate the item ids in preprocess", location=("/m/model.py", 13, "items = self.items(item_ids)"),
+    )
+    stages = {
+        "initialize": StageResult("initialize", wall_ms=100.0),
+        "preprocess": StageResult("preprocess", output=torch.zeros(2, 3, dtype=torch.long), wall_ms=1.0),
+        "inference": StageResult("inference", input=torch.zeros(2, 3, dtype=torch.long), error=error, wall_ms=0.5),
+    }
+    run = Run(None, stages, 2, "stages", 1.75, None, [], [], error)  # positionally, as before, the error last
+    assert not run.ok and run.output is None
+    assert repr(run) == (
+        "<Run Run of 2 request(s), 1.75 ms, FAILED: "
+        "inference failed in RecsHandler for request 1: IndexError: index out of range in self>"
+    )
+    tables = str(run).split("\n\n")
+    assert tables[1].splitlines() == [
+        "the run failed: handle raised, so there is no output",
+        "error      inference failed in RecsHandler for request 1: IndexError: index out of range in self",
+        "at         /m/model.py:13: items = self.items(item_ids)",
+        "fix        validate the item ids in preprocess",
+        "its input  h.last_run.stages['inference'].input: what inference failed on",
+    ]
+    assert re.search(r"^inference +1 +0\.500 +raised IndexError$", tables[2], re.M)
+    assert "the run failed" in run._repr_mimebundle_()["text/html"]
+    assert a_run().error is None and a_run().ok is False  # a run that returned keeps its meaning

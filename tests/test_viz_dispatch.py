@@ -257,3 +257,42 @@ def test_the_text_classifier_run_shows_its_tokens_and_scores():
     assert "vocabulary: handler.source_vocab" in table.notes
     labels = texts(viz.show(run))
     assert set(h.handler.mapping.values()) <= set(labels.split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: a StageError, and a run that failed
+# ---------------------------------------------------------------------------------------------
+
+
+def _failed_ranker_run(tmp_path):
+    from _new_users import ranker_dir, ranker_request
+
+    h = hk.Harness.open(ranker_dir(tmp_path / "recs"))
+    h.run(hk.batch(hk.Request.json(ranker_request(1, [1, 2]))))
+    bad = hk.batch(hk.Request.json(ranker_request(1, [1, 2])), hk.Request.json(ranker_request(2, [99])))
+    with pytest.raises(StageError) as info:
+        h.run(bad)
+    return h, info.value
+
+
+def test_a_stage_error_shows_its_card_and_where_its_input_is_kept(tmp_path):
+    h, error = _failed_ranker_run(tmp_path)
+    [panel] = panels(error)
+    assert panel.kind == "card" and panel.title == error.message.splitlines()[0]
+    lines = panel.data["lines"]
+    assert any(line.startswith(f"  at {error.location[0]}:{error.location[1]}: ") for line in lines)
+    assert f"  fix: {error.fix.splitlines()[0]}" in lines
+    assert lines[-1] == "  its input: h.results['inference'].input; hk.show(h.last_run) draws the stages that ran"
+    assert h.results["inference"].input is h.last_run.stages["inference"].input  # where the card says
+    shown = texts(viz.show(error))
+    assert "No picture" not in shown
+    assert "inference failed in RecsHandler" in shown and "its input: h.results['inference'].input" in shown
+
+
+def test_a_failed_run_shows_its_error_first_and_is_titled_so(tmp_path):
+    h, error = _failed_ranker_run(tmp_path)
+    drawn = panels(h.last_run)
+    assert drawn[0].kind == "card" and drawn[0].title == error.message.splitlines()[0]
+    assert [p.title for p in drawn].count(drawn[0].title) == 1  # said once
+    assert not any("its input" in line for line in drawn[0].data["lines"])  # the run is the stages that ran
+    assert viz.show(h.last_run).get_suptitle() == "Run of 2 request(s): inference failed"

@@ -68,7 +68,7 @@ def show(
     from handlerkit.viz.handler_view import view_for
 
     if title is None and isinstance(obj, Run):
-        title = f"Run of {obj.batch_size} request(s)"
+        title = f"Run of {obj.batch_size} request(s)" + (f": {obj.error.stage} failed" if obj.error else "")
     try:
         view = view_for(obj, handler)
         fig = figure(panels_for(obj, view, image=image, top_k=top_k, max_images=max_images), title)

@@ -1,10 +1,11 @@
 """Cards: text where no picture fits (a value's summary and the sentence saying why it has no
-picture) and a failed stage's error with its fix."""
+picture) and a failed stage's error (its result's, or a StageError's) with its fix."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from handlerkit.errors import StageError
 from handlerkit.results import StageResult
 from handlerkit.summaries import summary
 from handlerkit.viz.panel import Panel
@@ -26,10 +27,15 @@ def summary_card(title: str, value: Any, why: str) -> Panel:
     return card(title, [*lines, f"No picture: {why}."])
 
 
-def error_card(result: StageResult) -> Panel:
-    """A failed stage: the error's first line (stage, handler, request, exception) as the title,
-    where it was raised and its fix below."""
-    lines = str(result.error).splitlines() if result.error is not None else []
+def error_card(failed: StageResult | StageError) -> Panel:
+    """A failed stage, by its result or by its StageError alone: the error's first line (stage,
+    handler, request, exception) as the title, where it was raised and its fix below. The
+    StageError alone also says where the input the stage failed on is kept (the harness keeps
+    it; the error does not)."""
+    error = failed.error if isinstance(failed, StageResult) else failed
+    lines = str(error).splitlines() if error is not None else []
     if not lines:  # a result without its error: say what is known
-        return card(f"{result.stage} failed", [])
+        return card(f"{failed.stage} failed", [])
+    if isinstance(failed, StageError) and failed.stage not in ("initialize", "reload"):
+        lines.append(f"  its input: h.results[{failed.stage!r}].input; hk.show(h.last_run) draws the stages that ran")
     return card(lines[0], lines[1:])  # "preprocess failed in H for request 1: KeyError: ...", said once

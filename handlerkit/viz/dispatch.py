@@ -42,10 +42,11 @@ image (or a list of them) as those images; torchvision detections (``[{"boxes", 
 probability}`` dicts as bars; EmbeddingBag input (ids + offsets) as a token table; a list of
 same-sized images as one batch; JSON-like values (strings, lists of dicts, ragged lists: what a
 postprocess answers) as a table; other lists and dicts one panel per item (at most six). A Run
-shows its chunk timeline first when it streamed (``chunks``), then one panel per stage; a failed
-stage shows its error and fix. ``hk.Sequences`` (or a list of its steps) shows its per-step
-batches, requests × steps. Anything else is a summary card whose last line says why there
-is no picture.
+shows its error first when it failed (``error``), its chunk timeline when it streamed
+(``chunks``), then one panel per stage; a failed stage shows its error and fix, and so does a
+``StageError`` (saying where the harness keeps the input the stage failed on). ``hk.Sequences``
+(or a list of its steps) shows its per-step batches, requests × steps. Anything else is a
+summary card whose last line says why there is no picture.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from typing import Any
 
 import torch
 
+from handlerkit.errors import StageError
 from handlerkit.results import Run, StageResult
 from handlerkit.sequences import Sequences, Step
 from handlerkit.summaries import describe, no_values, tensor_head
@@ -88,6 +90,8 @@ def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5
     def context(input_image: Any, stage: str | None) -> Context:
         return Context(view, top_k, max_images, image if image is not None else input_image, stage)
 
+    if isinstance(obj, StageError):
+        return [error_card(obj)]
     if isinstance(obj, StageResult):
         if obj.error is not None:
             return [error_card(obj)]
@@ -102,12 +106,16 @@ def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5
 
 
 def _run_panels(run: Run, context: Any) -> list[Panel]:
-    """The chunk timeline of a streamed run, then one panel per stage (the first of each), the
-    input image taken from preprocess."""
+    """A failed run's error first; the chunk timeline of a streamed run; then one panel per
+    stage (the first of each), the input image taken from preprocess."""
     pre = run.stages.get("preprocess")
     input_image = _image_like(pre.output) if pre is not None and pre.ok else None
-    panels: list[Panel] = [timeline_panel(run)] if run.chunks else []
+    failed = next((r for r in run.stages.values() if r.error is not None and r.error is run.error), None)
+    panels: list[Panel] = [error_card(failed)] if failed is not None else []
+    panels += [timeline_panel(run)] if run.chunks else []
     for name, result in run.stages.items():
+        if result is failed:
+            continue
         if result.error is not None:
             panels.append(error_card(result))
         elif name != "initialize":
