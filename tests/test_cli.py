@@ -455,7 +455,8 @@ def test_archive_without_a_source_or_files_is_exit_code_2(capsys, tmp_path):
 def test_a_mar_runs_checks_and_inspects_like_its_dir(mar, capsys):
     _, from_dir = cli_json(capsys, "run", MODEL, CIRCLE, STAR)
     code, from_mar = cli_json(capsys, "run", mar, CIRCLE, STAR)
-    assert code == 0 and from_mar["output"] == from_dir["output"] and from_mar["model"] == "image_classifier.mar"
+    # The model is named as its manifest names it (what TorchServe serves it as), from a .mar or its dir.
+    assert code == 0 and from_mar["output"] == from_dir["output"] and from_mar["model"] == from_dir["model"] == "image_classifier"
     assert cli(capsys, "check", mar, CIRCLE)[0] == 0
     code, out, _ = cli(capsys, "inspect", mar)
     assert code == 0 and out.startswith("image_classifier.mar (mar): model image_classifier 1.0, handler ImageClassifier")
@@ -549,3 +550,87 @@ def test_run_awaits_an_async_handler_as_torchserves_async_worker(tmp_path, capsy
     code, out, _ = cli(capsys, "run", model_dir, request)
     assert code == 0, out
     assert reversed_words("served from the command line") in out
+
+
+# ----------------------------------------------------------------- handlers unlike the fixtures
+def test_run_names_the_model_as_its_manifest_does_and_describes_bytes_answers(tmp_path, capsys):
+    import base64
+
+    from _new_users import image_filter_dir, png_bytes
+
+    model = image_filter_dir(tmp_path / "blur_filter_v2")  # the manifest's modelName is "blur"
+    image = tmp_path / "photo.png"
+    image.write_bytes(png_bytes(24, 16))
+    code, out, _ = cli(capsys, "run", model, image, image)
+    assert code == 0 and out.startswith("handler BlurHandler on cpu, model blur\n")
+    answers = out.split("\n\n")[-1].splitlines()
+    assert re.fullmatch(r"request +answer", answers[0]) and "top predictions" not in out and "\\x89PNG" not in out
+    assert re.fullmatch(r"photo\.png +PNG image, 24x16, \d+ B \(image/png\)", answers[2])
+    code, data = cli_json(capsys, "run", model, image)
+    [answer] = data["output"]
+    assert code == 0 and data["model"] == "blur" and answer["content_type"] == "image/png"
+    assert base64.b64decode(answer["base64"]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert '"base64": the bytes' in " ".join(cli(capsys, "run", "--help")[1].split())
+
+
+def test_run_heads_a_ranked_list_as_an_answer(tmp_path, capsys):
+    from _new_users import ranker_dir, ranker_request
+
+    request = tmp_path / "user1.json"
+    request.write_text(json.dumps(ranker_request(1, [3, 5])))
+    code, out, _ = cli(capsys, "run", ranker_dir(tmp_path / "recs"), request)
+    rows = out.split("\n\n")[-1].splitlines()
+    assert code == 0 and re.fullmatch(r"request +answer", rows[0])
+    assert re.fullmatch(r"user1\.json +\[\{'item_id': [35], 'score': .*\}\]", rows[2])
+
+
+def test_bytes_answers_are_described_from_their_header_and_content_type():
+    from _new_users import png_bytes, wav_bytes
+    from PIL import Image
+    import io
+
+    from handlerkit.cli.run import describe_bytes
+
+    jpeg = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(jpeg, format="JPEG")
+    assert re.fullmatch(r"JPEG image, 40x30, \d+ B \(image/jpeg\)", describe_bytes(jpeg.getvalue(), "image/jpeg"))
+    assert describe_bytes(png_bytes(8, 4)).startswith("PNG image, 8x4, ")  # no content type set
+    assert describe_bytes(wav_bytes(440.0)) == "WAV audio, 1 channel(s), 8000 Hz, 1.00 s, 15.7 KiB"
+    assert describe_bytes(b"hello", "text/plain") == "'hello', 5 B (text/plain)"
+    assert describe_bytes(b"\x00\x01\x02", "application/octet-stream") == "bytes, 3 B (application/octet-stream)"
+
+
+def _broken_audio_dir(path, old, new):
+    from _new_users import audio_dir
+
+    model = audio_dir(path)
+    source = (model / "handler.py").read_text()
+    assert old in source
+    (model / "handler.py").write_text(source.replace(old, new, 1))
+    return model
+
+
+@pytest.mark.parametrize("old, new, line, source, raised", [
+    ("def postprocess(self, scores):", "def postprocess(self, scores)", 21, "def postprocess(self, scores)", "SyntaxError: expected ':'"),
+    ("import numpy as np\n", "import numpy as np\nimport soundfile\n", 5, "import soundfile", "ModuleNotFoundError: No module named 'soundfile'"),
+    (
+        "class SpectrogramHandler(BaseHandler):\n",
+        "class SpectrogramHandler(BaseHandler):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.labels = open('labels.txt').read().split()\n",
+        12, "self.labels = open('labels.txt').read().split()", "raised FileNotFoundError",
+    ),
+], ids=["syntax", "import", "constructor"])
+def test_a_handler_that_fails_to_load_is_exit_code_1_with_its_file_line_and_source(tmp_path, capsys, old, new, line, source, raised):
+    from _new_users import wav_bytes
+
+    model = _broken_audio_dir(tmp_path / "sounds", old, new)
+    request = tmp_path / "tone.wav"
+    request.write_bytes(wav_bytes())
+    for command in ("run", "check"):
+        code, out, err = cli(capsys, command, model, request)
+        # The model is broken, as a weights mismatch is (1), not the command line (2).
+        assert code == 1 and out == "" and raised in err and "Traceback" not in err, err
+        assert [l for l in err.splitlines() if l.startswith("  at ")] == [f"  at {model / 'handler.py'}:{line}: {source}"]
+    code, data = cli_json(capsys, "run", model, request)
+    assert code == 1 and data["error"]["type"] == "HandlerLoadError"
+    assert data["error"]["location"] == {"file": str(model / "handler.py"), "line": line, "source": source}

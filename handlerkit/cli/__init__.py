@@ -11,8 +11,10 @@ the harness) happen inside ``command``, so ``handlerkit --help`` imports only th
 library and stays fast.
 
 Every subcommand takes ``--json`` (one JSON document on stdout and nothing else: what a handler
-prints goes to stderr) and ``--no-progress``. Exit codes: 0 success; 1 a handler failed or a
-check found a problem; 2 a usage or input error (one line on stderr, no traceback).
+prints goes to stderr) and ``--no-progress``. Exit codes: 0 success; 1 a handler failed (a
+stage raised, or its code raised while loading: a syntax or import error, a failing
+constructor) or a check found a problem; 2 a usage or input error (one line on stderr, no
+traceback).
 """
 
 from __future__ import annotations
@@ -28,7 +30,18 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from handlerkit._text import suggestion
-from handlerkit.cli._common import FAILED, USAGE, InputError, Outcome, jsonable, one_line, output_options
+from handlerkit.cli._common import (
+    FAILED,
+    USAGE,
+    InputError,
+    Outcome,
+    failed_to_load,
+    jsonable,
+    load_location,
+    one_line,
+    output_options,
+    with_location,
+)
 from handlerkit.cli.demo import demo_paths
 
 __all__ = ["demo_paths", "main"]
@@ -63,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="handlerkit",
         description="Develop, debug and ship TorchServe-style model handlers, one stage at a time.",
-        epilog="Exit codes: 0 ok; 1 a handler failed or a check found a problem; 2 a usage or input error.",
+        epilog="Exit codes: 0 ok; 1 a handler failed (to load, or in a stage) or a check found a problem; "
+        "2 a usage or input error.",
     )
     parser.add_argument("--version", action="version", version=f"handlerkit {_version()}")
     commands = parser.add_subparsers(dest="name", metavar="COMMAND", parser_class=_Parser)
@@ -117,19 +131,25 @@ def _failure(exc: Exception) -> Outcome | None:
     """The exit code and line for an error a user can meet; None for anything else (a bug)."""
     from handlerkit.errors import HandlerkitError, StageError
 
+    location = None
     if isinstance(exc, StageError):  # the handler ran and raised: a failed run, not bad input
-        code, text = FAILED, str(exc)
+        code, text, location = FAILED, str(exc), exc.location
+    elif failed_to_load(exc):  # the handler's own code raised while loading: a check failed too
+        location = load_location(exc)
+        code, text = FAILED, with_location(exc, location)
     elif isinstance(exc, (InputError, HandlerkitError, OSError)):  # a bad path, archive, manifest, config, spec
         code, text = USAGE, one_line(exc)
     else:
         return None
-    error = {
+    error: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": getattr(exc, "message", None) or str(exc),
         "fix": getattr(exc, "fix", None),
     }
     if isinstance(exc, StageError):
         error.update(stage=exc.stage, request=exc.request_index)
+    if location is not None:
+        error["location"] = {"file": location[0], "line": location[1], "source": location[2]}
     return Outcome(code, text, {"error": error, "exit_code": code})
 
 

@@ -1,9 +1,10 @@
 """What every subcommand shares: options, loading a model (dir or ``.mar``), files as requests,
 JSON output, and the exit codes.
 
-Exit codes: :data:`OK` (0), :data:`FAILED` (1: a handler failed or a check found a problem),
-:data:`USAGE` (2: a usage or input error, one line on stderr, no traceback). Only the standard
-library is imported at module level: ``handlerkit --help`` must not pay for torch.
+Exit codes: :data:`OK` (0), :data:`FAILED` (1: a handler failed, its code raised while loading,
+or a check found a problem), :data:`USAGE` (2: a usage or input error, one line on stderr, no
+traceback). Only the standard library is imported at module level: ``handlerkit --help`` must
+not pay for torch.
 """
 
 from __future__ import annotations
@@ -157,7 +158,8 @@ def model_dir_problem(path: str, handler: str | None = None) -> str | None:
 
 @dataclass
 class Loaded:
-    """A model ready to run: its harness (``harness.service`` holds the context) and its name."""
+    """A model ready to run: its harness (``harness.service`` holds the context) and its name
+    (the manifest's ``modelName``)."""
 
     harness: Any
     label: str
@@ -202,8 +204,11 @@ def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Load
     try:
         harness = Harness(handler, context)
         harness.fix_then = "run the command again"  # a terminal has no h.reload()
-        yield Loaded(harness, os.path.basename(os.path.normpath(path)))
+        # The model's name is the manifest's modelName (what TorchServe serves it as), not the path's.
+        yield Loaded(harness, context.model_name or os.path.basename(os.path.normpath(path)))
     except HandlerkitError as error:
+        if failed_to_load(error) and getattr(error, "location", None) is None:
+            error.location = load_location(error)  # type: ignore[attr-defined]  # while an archive's files exist
         if unpacked is not None:
             _in_archive(error, str(unpacked.path), path)
         raise
@@ -303,6 +308,36 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     from handlerkit.summaries import describe
 
     return describe(value)
+
+
+def failed_to_load(exc: BaseException) -> bool:
+    """Whether ``exc`` is a handler that fails to load because its own code raised (a syntax
+    error, an import error, a constructor that raises): the model is broken, as a weights
+    mismatch is (exit code 1), not the command line (2). A spec that names nothing is usage."""
+    from handlerkit.errors import HandlerLoadError
+
+    return isinstance(exc, HandlerLoadError) and exc.__cause__ is not None
+
+
+def load_location(exc: BaseException) -> tuple[str, int, str] | None:
+    """``(file, line, source)`` of the code that raised while the handler loaded: the error's own
+    ``location`` when it has one, else where its cause was raised (a SyntaxError where it says)."""
+    location = getattr(exc, "location", None)
+    if location is not None:
+        return tuple(location)
+    from handlerkit.recording.failures import raised_at
+
+    return raised_at(exc.__cause__) if exc.__cause__ is not None else None
+
+
+def with_location(exc: BaseException, location: tuple[str, int, str] | None) -> str:
+    """The error's message, the line that raised (``at file:line: source``, as a StageError
+    says it) when the message does not quote it yet, then its fix."""
+    text = getattr(exc, "message", None) or str(exc)
+    if location is not None and f"{location[0]}:{location[1]}" not in text:
+        text += f"\n  at {location[0]}:{location[1]}: {location[2]}"
+    fix = getattr(exc, "fix", None)
+    return f"{text}\n  fix: {fix}" if fix else text
 
 
 def one_line(exc: BaseException) -> str:
