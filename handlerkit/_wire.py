@@ -148,6 +148,19 @@ def _form_bytes(raw: bytes, name: str) -> bytes:
     return unquote_to_bytes(raw.replace(b"+", b" "))
 
 
+def form_pairs(fields: Any) -> list[tuple[Any, Any]]:
+    """``Request.form``'s fields, a mapping or ``(name, value)`` pairs, as pairs."""
+    if isinstance(fields, Mapping):
+        return list(fields.items())
+    if isinstance(fields, (str, bytes)) or not isinstance(fields, Iterable):
+        raise TypeError(f"Request.form needs a mapping or a list of (name, value) pairs: got {type(fields).__name__}")
+    pairs = list(fields)
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"Request.form needs (name, value) pairs: got {pair!r}")
+    return pairs
+
+
 def urlencoded_body(fields: Iterable[tuple[Any, Any]]) -> bytes:
     """The ``application/x-www-form-urlencoded`` body of ``(name, value)`` pairs, as ``curl -d``
     or ``requests.post(url, data=...)`` sends it: see ``Request.form`` for the values allowed."""

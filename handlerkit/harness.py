@@ -108,8 +108,7 @@ class Harness(Reports):
             enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self.batch: Any = None
-        #: The last :meth:`run`'s (or :meth:`stream`'s) Run, a failed one included (its ``error``
-        #: set, the chunks a streaming handler sent before failing kept); None before any.
+        #: The last :meth:`run`'s (or :meth:`stream`'s) Run, a failed one too (``.error``); None before.
         self.last_run: Run | None = None
         self._warning_registry: dict[Any, Any] = {}
         self._capture: Capture | None = None
@@ -388,26 +387,18 @@ class Harness(Reports):
 
     # -- whole batches -------------------------------------------------------------------
     def run(self, batch_or_data: Any) -> Run:
-        """One batch through ``handle``, as TorchServe's worker runs it.
+        """One batch through ``handle``, as TorchServe's worker runs it (initialized first if need be).
 
-        Initializes first when that has not happened. The handler's own ``handle`` decides
-        what runs (describe and explain requests go where TorchServe's BaseHandler sends
-        them; ``ENABLE_TORCH_PROFILER`` is honoured by it); the run keeps a result for every
-        stage it called, and ``Run.output`` is exactly what it returned. When the handler raises,
-        its StageError is raised and ``h.last_run`` is the failed Run (``.error``, the stages
-        that ran, the chunks sent before the failure).
-        """
-        self.last_run = None  # until this run has one: never the previous run's
-        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
-        count = len(batch)
-        initialized = self.results.get("initialize")
+        The handler's own ``handle`` decides what runs (describe and explain requests go where
+        TorchServe's BaseHandler sends them; ``ENABLE_TORCH_PROFILER`` is honoured by it); the run
+        keeps a result for every stage it called, and ``Run.output`` is what it returned. When it
+        raises, so does ``run``, and ``h.last_run`` is the failed Run (:meth:`Run.failed`)."""
+        initialized, self.last_run = self.results.get("initialize"), None  # never the previous run's
         if initialized is None or initialized.error is not None:
-            try:
-                self.initialize()
-            except StageError as not_loaded:
-                self.last_run = self._failed_run({"initialize": self.results["initialize"]}, count, None, not_loaded)
-                raise
+            self.initialize()
+        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
         self._bind(batch)
+        count = len(batch)
         capture = self._open_capture()
         try:
             recorder = self._recorder()
@@ -432,14 +423,14 @@ class Harness(Reports):
             if not built or (error is not None and lap is None):  # handle ran no stage, or failed outside them
                 self.results["handle"] = recorder.whole(data, output, handle_ms, marks)
                 built.append(self.results["handle"])
+            stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
             if error is not None:
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
                 failed.error = self._stage_error(
                     stage, error, count, on_batch_data=lap is not None and lap.input is data
                 )
-                stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
-                self.last_run = self._failed_run(stages, count, handle_ms, failed.error, socket)
+                self.last_run = Run.failed(stages, count, handle_ms, failed.error, self.handler, socket, self.context)
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
@@ -453,29 +444,10 @@ class Harness(Reports):
         sent = collect(socket, self.context, handle_ms, output, last.problems) if socket and socket.sent else None
         last.problems.extend(sent.problems if sent else ())  # the frontend's rules for chunks
         self._warn_problems(last.problems)
-        stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
         run = Run(output, stages, count, run_mode(stages), handle_ms, source=self.handler)
         if sent is not None:
             run.chunks, run.streams = sent.chunks, sent.streams
         self.last_run = run
-        return run
-
-    def _failed_run(
-        self,
-        stages: dict[str, StageResult],
-        count: int,
-        handle_ms: float | None,
-        error: StageError,
-        socket: ChunkSocket | None = None,
-    ) -> Run:
-        """The Run of a batch whose handler raised ``error``: the stages that ran, no output,
-        and what a streaming handler sent before it failed."""
-        run = Run(None, stages, count, run_mode(stages), handle_ms, source=self.handler, error=error)
-        if socket is not None and socket.sent and handle_ms is not None:
-            # No final answer ends these streams: the worker answers the batch with the error, as
-            # it does for a non-list output (which is what check_output(None) reports).
-            sent = collect(socket, self.context, handle_ms, None, check_output(None, count))
-            run.chunks, run.streams = sent.chunks, sent.streams
         return run
 
     def stream(self, batch_or_data: Any) -> Generator[Chunk, None, Run]:

@@ -139,17 +139,6 @@ def _with_content_type(headers: Mapping[str, str] | None, content_type: str) -> 
     return {"Content-Type": content_type, **hdrs}
 
 
-def _pairs(fields: Any) -> list[tuple[str, Any]]:
-    """``Request.form``'s fields given as ``(name, value)`` pairs."""
-    if isinstance(fields, (str, bytes)) or not isinstance(fields, Iterable):
-        raise TypeError(f"Request.form needs a mapping or a list of (name, value) pairs: got {type(fields).__name__}")
-    pairs = list(fields)
-    for pair in pairs:
-        if not isinstance(pair, tuple) or len(pair) != 2:
-            raise TypeError(f"Request.form needs (name, value) pairs: got {pair!r}")
-    return pairs
-
-
 def _copied(value: Any) -> Any:
     """A deep copy where one can be made (a handler may mutate its input), else the value."""
     try:
@@ -353,7 +342,7 @@ class Request:
             ValueError: no fields, or a Content-Type header that is neither of the two.
             TypeError: a value of another kind (a file or a content type in an urlencoded form).
         """
-        pairs = list(fields.items()) if isinstance(fields, Mapping) else _pairs(fields)
+        pairs = _wire.form_pairs(fields)
         if not pairs:
             raise ValueError("Request.form needs a non-empty mapping of field name → value (or a list of pairs)")
         hdrs = _with_content_type(headers, _wire.MULTIPART)

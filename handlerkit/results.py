@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from handlerkit._render import Rendered, Table
 from handlerkit._text import format_bytes
-from handlerkit.contract import HANDLER_STAGES
+from handlerkit.contract import HANDLER_STAGES, check_output
 from handlerkit.errors import StageError
+from handlerkit.streaming import collect
 from handlerkit.summaries import TensorInfo, describe, iter_tensors, tensor_infos, tensor_summary
 
 if TYPE_CHECKING:
-    from handlerkit.streaming import Chunk, RequestStream
+    from handlerkit.streaming import Chunk, ChunkSocket, RequestStream
 
 __all__ = ["LogEntry", "Run", "StageResult", "TensorInfo", "run_mode"]
 
@@ -167,6 +168,28 @@ class Run(Rendered):
     chunks: list[Chunk] = field(default_factory=list)
     streams: list[RequestStream] = field(default_factory=list)
     error: StageError | None = None
+
+    @classmethod
+    def failed(
+        cls,
+        stages: dict[str, StageResult],
+        batch_size: int,
+        handle_ms: float | None,
+        error: StageError,
+        source: Any = None,
+        socket: ChunkSocket | None = None,
+        context: Any = None,
+    ) -> Run:
+        """The Run of a batch whose handler raised ``error``: the stages that ran, no output, and
+        the chunks a streaming handler sent before it failed (``socket``, a
+        :class:`~handlerkit.streaming.ChunkSocket` of ``context``)."""
+        run = cls(None, stages, batch_size, run_mode(stages), handle_ms, source=source, error=error)
+        if socket is not None and socket.sent and handle_ms is not None:
+            # No final answer ends these streams: the worker answers the batch with the error, as
+            # it does for a non-list output (which is what check_output(None) reports).
+            sent = collect(socket, context, handle_ms, None, check_output(None, batch_size))
+            run.chunks, run.streams = sent.chunks, sent.streams
+        return run
 
     @property
     def timings(self) -> dict[str, float]:
