@@ -269,18 +269,29 @@ class Harness(Reports):
                 error = exc
             result = recorder.build(self.results)[-1]
             if error is not None:
-                result.error = self._stage_error(stage, error, request_count, on_batch_data=on_batch_data)
+                result.error = self._stage_error(stage, error, request_count, on_batch_data=on_batch_data, stepped=True)
                 raise result.error from error
             return result
         finally:
             self._close_capture(capture)
 
     def _stage_error(
-        self, stage: str, exc: BaseException, request_count: int | None, *, on_batch_data: bool = False
+        self,
+        stage: str,
+        exc: BaseException,
+        request_count: int | None,
+        *,
+        on_batch_data: bool = False,
+        stepped: bool = False,
+        alone: bool = True,
     ) -> StageError:
-        """``on_batch_data``: the stage got the batch's own data list, so running each request's
-        row alone through it can find the one at fault (not so under an envelope or a handle
-        that reshapes the data)."""
+        """``on_batch_data``: the stage got its input from the batch's own data list through the
+        stages before it, so running each request's row alone through them can find the one at
+        fault (not so under an envelope or a handle that reshapes the data: a single-stage
+        handler's handle is run alone instead). ``stepped``: the stage was stepped by hand, and
+        its input may be the user's own (:func:`~handlerkit.recording.failures.batch_error`).
+        ``alone``: False for an error ``handle`` caught (the run went on): not worth running
+        the requests alone for."""
         batch = self.batch if request_count is not None else None  # initialize is about no request
         return failures.batch_error(
             stage,
@@ -295,6 +306,9 @@ class Harness(Reports):
             request_names=self.request_names,
             enveloped=self.envelope is not None,
             then=self.fix_then,
+            service=self.service,
+            stepped=self.results if stepped else None,
+            alone=alone,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:
@@ -337,7 +351,8 @@ class Harness(Reports):
         if x is None:
             x = self._last_output("preprocess", "inference")
         self._invalidate_from("inference")
-        return self._step("inference", self.handler.inference, x, self._count())
+        fed = self.envelope is None and not self.single_stage  # preprocess got the batch's data (h.preprocess, handle)
+        return self._step("inference", self.handler.inference, x, self._count(), on_batch_data=fed)
 
     def postprocess(self, y: Any = None) -> StageResult:
         """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract.
@@ -354,7 +369,8 @@ class Harness(Reports):
         envelope = self.service.envelope
         if envelope is not None:
             stage = lambda value: _wrapped(envelope, self.handler.postprocess(value))
-        result = self._step("postprocess", stage, y, count)
+        fed = envelope is None and not self.single_stage  # preprocess got the batch's data (h.preprocess, handle)
+        result = self._step("postprocess", stage, y, count, on_batch_data=fed)
         result.problems = check_output(result.output, count, stage="postprocess")
         self._warn_problems(result.problems)
         return result
@@ -427,13 +443,12 @@ class Harness(Reports):
             if error is not None:
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
-                failed.error = self._stage_error(
-                    stage, error, count, on_batch_data=lap is not None and lap.input is data
-                )
+                fed = failures.fed_by(self.results, stage, data)  # handle gave the stage its input from data
+                failed.error = self._stage_error(stage, error, count, on_batch_data=fed)
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
-                    self.results[call.stage].error = self._stage_error(call.stage, call.error, count)
+                    self.results[call.stage].error = self._stage_error(call.stage, call.error, count, alone=False)
         finally:
             self._close_capture(capture)
         last = built[-1]
