@@ -62,10 +62,14 @@ def line_of(path: Path, text: str) -> int:
 def test_an_item_id_out_of_the_embedding_is_request_1_at_both_user_lines(tmp_path, base):
     model_dir = ranker_dir(tmp_path / "recs", base=base)
     h = hk.Harness.open(model_dir)
-    with pytest.raises(StageError, match=r"^inference failed in RecsHandler for request 1: IndexError: index out of range"):
+    with pytest.raises(
+        StageError, match=r"^inference failed in RecsHandler for request 1: IndexError: index out of range"
+    ):
         h.run(ranker_batch())
     error = h.results["inference"].error
-    handler_line = f"at {model_dir / 'handler.py'}:{RANKER_INFERENCE_LINE}: return self.model(*inputs), inputs[1], inputs[2]"
+    handler_line = (
+        f"at {model_dir / 'handler.py'}:{RANKER_INFERENCE_LINE}: return self.model(*inputs), inputs[1], inputs[2]"
+    )
     model_line = f"at {model_dir / 'model.py'}:{RANKER_EMBEDDING_LINE}: items = self.items(item_ids)"
     assert error.message.splitlines()[1:] == [f"  {handler_line}", f"  {model_line}"]  # innermost last
     assert error.request_index == 1 and error.stage == "inference"
@@ -151,7 +155,9 @@ def test_postprocess_failing_for_request_2_is_told_in_a_run(tmp_path):
     path = model_dir(tmp_path / "scores", SCORES, "scores")
     h = hk.Harness.open(path)
     batch = hk.batch(*(hk.Request.json({"x": x}) for x in (1, 2, -3)))
-    with pytest.raises(StageError, match=r"^postprocess failed in Scores for request 2: ValueError: a score below zero"):
+    with pytest.raises(
+        StageError, match=r"^postprocess failed in Scores for request 2: ValueError: a score below zero"
+    ):
         h.run(batch)
     error = h.results["postprocess"].error
     line = line_of(path / "handler.py", "raise ValueError")
@@ -282,8 +288,9 @@ def test_a_batch_of_64_runs_requests_alone_only_until_it_knows(bad, calls):
         assert info.value.request_index == min(bad)
     else:
         assert info.value.request_index is None
-        assert f"\n  run alone, each of the first {ENOUGH_FAILING} requests fails too: no one request is at fault\n" in (
-            str(info.value)
+        assert (
+            f"\n  run alone, each of the first {ENOUGH_FAILING} requests fails too: no one request is at fault\n"
+            in (str(info.value))
         )
         assert info.value.fix.startswith("ValueError was raised at test_attribution.py line ")
 
@@ -422,8 +429,11 @@ except hk.HandlerkitError as error:
 
 
 def test_a_class_from_an_ipython_cell_is_named_as_ipython_names_the_cell(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "IPYTHONDIR": str(tmp_path / "ipython")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "IPYTHONDIR": str(tmp_path / "ipython"),
+    }
     script = f"CELL = {CELL!r}\n" + IPYTHON_SESSION
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr

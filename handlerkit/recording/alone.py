@@ -89,7 +89,9 @@ def run_alone(
     context is bound to each request in turn, then back to the whole batch."""
     training = _training_model(handler) if handle is not None or len(stages) > 1 else None  # a model runs
     if training is not None:
-        return Alone(why_not=f"{training} is in training mode (call .eval() in initialize), so running it again would change it")
+        return Alone(
+            why_not=f"{training} is in training mode (call .eval() in initialize), so running it again would change it"
+        )
     failing = passing = None
     tried = 0
     with _kept(handler, context):
@@ -112,7 +114,7 @@ def run_alone(
                     failing = i if failing is None else failing
                 else:
                     passing = i if passing is None else passing
-                if passing is not None and failing is not None or passing is None and tried >= ENOUGH_FAILING:
+                if (passing is not None and failing is not None) or (passing is None and tried >= ENOUGH_FAILING):
                     break
         finally:
             batch.bind(context)
@@ -150,7 +152,9 @@ def _kept(handler: Any, context: Any) -> Iterator[None]:
     socket_kept = hasattr(context, "cl_socket")
     socket = getattr(context, "cl_socket", None)
     records = getattr(getattr(context, "metrics", None), "records", None)
-    recorded = len(records) if isinstance(records, list) else None
+    if not isinstance(records, list):  # a store of another make: nothing to drop from
+        records = []
+    recorded = len(records)
     if socket_kept:
         context.cl_socket = ChunkSocket()  # what a streaming handler sends alone reaches no client
     try:
@@ -159,8 +163,7 @@ def _kept(handler: Any, context: Any) -> Iterator[None]:
         state.restore()
         if socket_kept:
             context.cl_socket = socket
-        if recorded is not None:
-            del records[recorded:]  # type: ignore[index]
+        del records[recorded:]
 
 
 class _State:

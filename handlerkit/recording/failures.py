@@ -13,6 +13,7 @@ fix points at the line of the user's code that raised (:mod:`handlerkit.recordin
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -331,13 +332,13 @@ def _out_of_embedding(exc: BaseException) -> tuple[int | None, int] | None:
     while tb is not None:
         code = tb.tb_frame.f_code
         if code.co_name == "embedding" and code.co_filename.endswith(os.path.join("torch", "nn", "functional.py")):
-            indices, weight = tb.tb_frame.f_locals.get("input"), tb.tb_frame.f_locals.get("weight")
+            found: dict[str, Any] = tb.tb_frame.f_locals
             try:
-                rows = int(weight.shape[0])  # type: ignore[union-attr]
-            except (AttributeError, IndexError, TypeError):
+                indices, rows = found["input"], int(found["weight"].shape[0])
+            except (KeyError, AttributeError, IndexError, TypeError):
                 return None
             try:
-                value: int | None = int(indices[(indices < 0) | (indices >= rows)].flatten()[0])  # type: ignore[index]
+                value: int | None = int(indices[(indices < 0) | (indices >= rows)].flatten()[0])
             except Exception:  # not a tensor after all: the row count is enough to go on
                 value = None
             return value, rows
@@ -516,7 +517,7 @@ def _requests_alone(
     if stepped is not None and not fed_by(stepped, stage):
         return Alone(why_not=f"{stage} ran on an input given by hand (h.{stage}(value)), not on the batch's requests")
     if stage in _CHAIN and on_batch_data:
-        stages = [getattr(handler, name, None) for name in _CHAIN[: _CHAIN.index(stage) + 1]]
+        stages: list[Any] = [getattr(handler, name, None) for name in _CHAIN[: _CHAIN.index(stage) + 1]]
         if all(callable(s) for s in stages):
             return run_alone(batch, context, imports, handler, stages=stages)
     if enveloped:
@@ -534,9 +535,9 @@ def fed_by(results: Mapping[str, Any], stage: str, data: Any = None) -> bool:
     preprocess was given that very list (the batch's data, as a run handed it to ``handle``)."""
     if stage not in _CHAIN:
         return False
-    chain = [results.get(name) for name in _CHAIN[: _CHAIN.index(stage) + 1]]
+    chain: list[Any] = [results.get(name) for name in _CHAIN[: _CHAIN.index(stage) + 1]]
     if any(r is None or r.calls != 1 for r in chain):
         return False
-    if data is not None and chain[0].input is not data:  # type: ignore[union-attr]
+    if data is not None and chain[0].input is not data:
         return False
-    return all(later.input is earlier.output for earlier, later in zip(chain, chain[1:]))  # type: ignore[union-attr]
+    return all(later.input is earlier.output for earlier, later in itertools.pairwise(chain))
