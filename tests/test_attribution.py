@@ -313,16 +313,39 @@ def test_a_truncated_wav_alone_is_told_to_be_refused_not_corrected(tmp_path):
 
 
 # -- handle of a single-stage handler; a streaming handler -------------------------------------
-def test_a_function_handlers_handle_is_run_alone_on_each_request():
-    def handle(data, context):
-        if data is None:
-            return None
+FUNCTION = """\
+class Service:
+    def __init__(self):
+        self.batches = 0
+        self.sizes = []
+
+    def handle(self, data, context):
+        self.batches += 1
+        self.sizes.append(len(data))
         return [1 / row["body"]["x"] for row in data]
 
-    h = hk.Harness(handle, hk.MockContext(gpu_id=None))
-    with pytest.raises(StageError, match=r"^handle failed in .*handle for request 2: ZeroDivisionError") as info:
+
+_service = Service()
+seen = []
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    seen.append(len(data))
+    return _service.handle(data, context)
+"""
+
+
+def test_a_function_handlers_handle_is_run_alone_and_its_module_state_put_back(tmp_path):
+    path = model_dir(tmp_path / "inverse", FUNCTION, "inverse")
+    h = hk.Harness("handler.py:handle", hk.MockContext.from_model_dir(path, gpu_id=None))
+    with pytest.raises(StageError, match=r"^handle failed in handle for request 2: ZeroDivisionError") as info:
         h.run(numbers(1, 2, 0))
     assert info.value.fix.startswith("request 2 fails alone where request 0 passes")
+    assert [Path(f).name for f, _, _ in info.value.locations] == ["handler.py"]
+    names = h.function.__globals__
+    assert (names["seen"], names["_service"].batches, names["_service"].sizes) == ([3], 1, [3])
 
 
 STREAMING = """\

@@ -11,7 +11,8 @@ own ``handle`` whole (a function handler, an override): a batch of one, as a wor
 Running a handler again must leave it as the failure left it, and reach no client:
 
 - the handler's attributes are put back (those a stage set or replaced, and the contents of its
-  lists, dicts and sets; state nested deeper that a stage changes in place is not);
+  lists, dicts and sets; state nested deeper that a stage changes in place is not); for a
+  function handler, its module's names and the handler objects it keeps there;
 - the context is bound back to the whole batch, the metrics recorded meanwhile are dropped, and
   what a streaming handler sends goes to a socket of its own, never to the batch's clients;
 - warnings are silenced; nothing is recorded (the harness's recorder is not running);
@@ -147,8 +148,8 @@ def _training_model(handler: Any) -> str | None:
 
 @contextmanager
 def _kept(handler: Any, context: Any) -> Iterator[None]:
-    """Put back, on leaving, the handler's attributes and the context's socket and metrics."""
-    state = _State(handler)
+    """Put back, on leaving, the handler's state (:func:`_states`) and the context's socket and metrics."""
+    states = _states(handler)
     socket_kept = hasattr(context, "cl_socket")
     socket = getattr(context, "cl_socket", None)
     records = getattr(getattr(context, "metrics", None), "records", None)
@@ -160,29 +161,51 @@ def _kept(handler: Any, context: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        state.restore()
+        for state in states:
+            state.restore()
         if socket_kept:
             context.cl_socket = socket
         del records[recorded:]
 
 
+_STAGES = ("handle", "preprocess", "inference", "postprocess")
+
+
+def _states(handler: Any) -> list[_State]:
+    """Where a handler keeps its state: an instance's attributes; a function handler's module
+    names, and the attributes of the objects there of its module's classes or with a handler's
+    methods (TorchServe's examples keep ``_service = MyHandler()`` beside ``handle``)."""
+    if not inspect.isfunction(handler):
+        own = getattr(handler, "__dict__", None)
+        return [_State(own)] if isinstance(own, dict) else []
+    names = handler.__globals__
+    states = [_State(names)]
+    for name, value in names.items():
+        kind = type(value)
+        if name.startswith("__") or isinstance(value, type) or not isinstance(getattr(value, "__dict__", None), dict):
+            continue
+        if kind.__module__ == handler.__module__ or any(callable(getattr(kind, stage, None)) for stage in _STAGES):
+            states.append(_State(vars(value)))
+    return states
+
+
 class _State:
-    """An object's attributes as they are now: which value each name is bound to, and what the
-    lists, dicts and sets among them hold (a stage that appends to ``self.seen`` is undone too)."""
+    """A namespace as it is now (an object's ``__dict__``, a module's names): which value each
+    name is bound to, and what the lists, dicts and sets among them hold (a stage that appends
+    to ``self.seen`` is undone too). Dunder names are left alone."""
 
     _CONTAINERS = (list, dict, set, bytearray)
 
-    def __init__(self, obj: Any) -> None:
-        own = getattr(obj, "__dict__", None)
-        self.own: dict[str, Any] | None = own if isinstance(own, dict) else None
-        self.saved = dict(self.own) if self.own is not None else {}
-        self.contents = {k: v.copy() for k, v in self.saved.items() if type(v) in self._CONTAINERS}
+    def __init__(self, own: dict[str, Any]) -> None:
+        self.own = own
+        self.saved = dict(own)
+        self.contents = {
+            k: v.copy() for k, v in self.saved.items() if type(v) in self._CONTAINERS and not k.startswith("__")
+        }
 
     def restore(self) -> None:
         own = self.own
-        if own is None:
-            return
-        for name in [name for name in own if name not in self.saved]:
+        for name in [name for name in own if name not in self.saved and not name.startswith("__")]:
             del own[name]
         own.update(self.saved)
         for name, content in self.contents.items():

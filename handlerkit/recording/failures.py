@@ -525,7 +525,7 @@ def _requests_alone(
     if service is not None and (service.single_stage or stage == "handle"):
         if service.asynchronous:
             return Alone(why_not="its handle is async, and is not run again here")
-        return run_alone(batch, context, imports, handler, handle=service.entry)
+        return run_alone(batch, context, imports, service.function or handler, handle=service.entry)
     return Alone(why_not=f"{stage} did not get its input from the batch's requests through preprocess")
 
 
