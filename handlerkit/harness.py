@@ -269,29 +269,17 @@ class Harness(Reports):
                 error = exc
             result = recorder.build(self.results)[-1]
             if error is not None:
-                result.error = self._stage_error(stage, error, request_count, on_batch_data=on_batch_data, stepped=True)
+                result.error = self._stage_error(
+                    stage, error, request_count, on_batch_data=on_batch_data, stepped=self.results
+                )
                 raise result.error from error
             return result
         finally:
             self._close_capture(capture)
 
-    def _stage_error(
-        self,
-        stage: str,
-        exc: BaseException,
-        request_count: int | None,
-        *,
-        on_batch_data: bool = False,
-        stepped: bool = False,
-        alone: bool = True,
-    ) -> StageError:
-        """``on_batch_data``: the stage got its input from the batch's own data list through the
-        stages before it, so running each request's row alone through them can find the one at
-        fault (not so under an envelope or a handle that reshapes the data: a single-stage
-        handler's handle is run alone instead). ``stepped``: the stage was stepped by hand, and
-        its input may be the user's own (:func:`~handlerkit.recording.failures.batch_error`).
-        ``alone``: False for an error ``handle`` caught (the run went on): not worth running
-        the requests alone for."""
+    def _stage_error(self, stage: str, exc: BaseException, request_count: int | None, **how: Any) -> StageError:
+        """``how``: how the stage got its input, to run the requests alone through it
+        (:func:`~handlerkit.recording.failures.batch_error`'s ``on_batch_data``, ``stepped``, ``alone``)."""
         batch = self.batch if request_count is not None else None  # initialize is about no request
         return failures.batch_error(
             stage,
@@ -302,13 +290,11 @@ class Harness(Reports):
             context=self.context,
             imports=self.imports,
             handler_files=self._handler_files,
-            on_batch_data=on_batch_data,
             request_names=self.request_names,
             enveloped=self.envelope is not None,
             then=self.fix_then,
             service=self.service,
-            stepped=self.results if stepped else None,
-            alone=alone,
+            **how,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:
@@ -351,8 +337,7 @@ class Harness(Reports):
         if x is None:
             x = self._last_output("preprocess", "inference")
         self._invalidate_from("inference")
-        fed = self.envelope is None and not self.single_stage  # preprocess got the batch's data (h.preprocess, handle)
-        return self._step("inference", self.handler.inference, x, self._count(), on_batch_data=fed)
+        return self._step("inference", self.handler.inference, x, self._count(), on_batch_data=not self.single_stage)
 
     def postprocess(self, y: Any = None) -> StageResult:
         """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract.
@@ -369,8 +354,7 @@ class Harness(Reports):
         envelope = self.service.envelope
         if envelope is not None:
             stage = lambda value: _wrapped(envelope, self.handler.postprocess(value))
-        fed = envelope is None and not self.single_stage  # preprocess got the batch's data (h.preprocess, handle)
-        result = self._step("postprocess", stage, y, count, on_batch_data=fed)
+        result = self._step("postprocess", stage, y, count, on_batch_data=not self.single_stage)
         result.problems = check_output(result.output, count, stage="postprocess")
         self._warn_problems(result.problems)
         return result
