@@ -295,6 +295,49 @@ def test_a_batch_of_64_runs_requests_alone_only_until_it_knows(bad, calls):
         assert info.value.fix.startswith("ValueError was raised at test_attribution.py line ")
 
 
+class Instances(BaseHandler):
+    """TF Serving's instances (the json envelope hands them over, every request's in one list)."""
+
+    def initialize(self, context):
+        self.initialized = True
+
+    def preprocess(self, instances):
+        return [float(x) for x in instances]
+
+    def inference(self, xs):
+        if any(x < 0 for x in xs):
+            raise ValueError("a negative number")
+        return xs
+
+    def postprocess(self, ys):
+        return ys
+
+
+def test_an_envelopes_batch_is_not_run_alone_and_the_message_says_why():
+    h = hk.Harness(Instances, hk.MockContext(gpu_id=None), envelope="json")
+    batch = hk.batch(hk.Request.json({"instances": [1, 2]}), hk.Request.json({"instances": [-1]}))
+    with pytest.raises(StageError, match=r"^inference failed in Instances for the batch: ValueError") as info:
+        h.run(batch)
+    assert info.value.message.splitlines()[-1] == (
+        "  the requests were not run alone to find the one at fault: the handler got a service envelope's view of "
+        "the batch, not its requests"
+    )
+
+
+def test_an_async_stage_is_not_run_alone_and_the_message_says_why(tmp_path):
+    from _async_handlers import VLLM_STYLE, prompt, write_model_dir
+
+    with hk.Harness.open(write_model_dir(tmp_path, VLLM_STYLE)).service as service:
+        h = hk.Harness(service)
+        batch = hk.batch(hk.Request.from_bytes(prompt("two words")), hk.Request.from_bytes(prompt("fail")))
+        with pytest.raises(StageError, match=r"^preprocess failed in TinyVLLMHandler for the batch: Assertion") as info:
+            h.run(batch)  # TorchServe's vllm example takes batches of one
+    assert info.value.message.splitlines()[-1] == (
+        "  the requests were not run alone to find the one at fault: its preprocess is async (a coroutine), "
+        "which is not run again here"
+    )
+
+
 # -- a truncated WAV: the payload's fault ------------------------------------------------------
 def test_a_truncated_wav_alone_is_told_to_be_refused_not_corrected(tmp_path):
     path = audio_dir(tmp_path / "sounds", base="handlerkit")
