@@ -83,7 +83,11 @@ class StageError(HandlerkitError):
         request_index: the index in the batch of the request at fault, when known.
         original: the exception the handler raised (also chained as ``__cause__``).
         location: ``(file, line, source text)`` of the innermost frame in the user's code
-            (the handler's file, usually) where it was raised, when there is one.
+            where it was raised, when there is one (the last of ``locations``).
+        locations: ``(file, line, source text)`` of the line nearest the failure in each user
+            file it was raised through, **outermost first, innermost last** (as a traceback
+            reads): the handler's ``self.model(*inputs)``, then the model file's line it
+            reached. The message shows one ``at file:line: source`` line for each.
     """
 
     def __init__(
@@ -96,13 +100,15 @@ class StageError(HandlerkitError):
         original: BaseException | None = None,
         fix: str | None = None,
         location: tuple[str, int, str] | None = None,
+        locations: list[tuple[str, int, str]] | None = None,
     ):
         super().__init__(message, fix=fix)
         self.stage = stage
         self.handler = handler
         self.request_index = request_index
         self.original = original
-        self.location = location
+        self.locations = list(locations) if locations else ([location] if location is not None else [])
+        self.location = location if location is not None else (self.locations[-1] if self.locations else None)
 
     def __reduce__(self) -> Any:  # keyword-only arguments: pickle and copy rebuild it this way
         return (_rebuild_stage_error, (self.message, self.__dict__.copy()))

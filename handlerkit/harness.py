@@ -269,18 +269,17 @@ class Harness(Reports):
                 error = exc
             result = recorder.build(self.results)[-1]
             if error is not None:
-                result.error = self._stage_error(stage, error, request_count, on_batch_data=on_batch_data)
+                result.error = self._stage_error(
+                    stage, error, request_count, on_batch_data=on_batch_data, stepped=self.results
+                )
                 raise result.error from error
             return result
         finally:
             self._close_capture(capture)
 
-    def _stage_error(
-        self, stage: str, exc: BaseException, request_count: int | None, *, on_batch_data: bool = False
-    ) -> StageError:
-        """``on_batch_data``: the stage got the batch's own data list, so running each request's
-        row alone through it can find the one at fault (not so under an envelope or a handle
-        that reshapes the data)."""
+    def _stage_error(self, stage: str, exc: BaseException, request_count: int | None, **how: Any) -> StageError:
+        """``how``: how the stage got its input, to run the requests alone through it
+        (:func:`~handlerkit.recording.failures.batch_error`'s ``on_batch_data``, ``stepped``, ``alone``)."""
         batch = self.batch if request_count is not None else None  # initialize is about no request
         return failures.batch_error(
             stage,
@@ -291,10 +290,11 @@ class Harness(Reports):
             context=self.context,
             imports=self.imports,
             handler_files=self._handler_files,
-            on_batch_data=on_batch_data,
             request_names=self.request_names,
             enveloped=self.envelope is not None,
             then=self.fix_then,
+            service=self.service,
+            **how,
         )
 
     def _warn_problems(self, problems: Sequence[Problem]) -> None:
@@ -337,7 +337,7 @@ class Harness(Reports):
         if x is None:
             x = self._last_output("preprocess", "inference")
         self._invalidate_from("inference")
-        return self._step("inference", self.handler.inference, x, self._count())
+        return self._step("inference", self.handler.inference, x, self._count(), on_batch_data=not self.single_stage)
 
     def postprocess(self, y: Any = None) -> StageResult:
         """Run ``postprocess`` on ``y``, or on the last inference output, and check the contract.
@@ -354,7 +354,7 @@ class Harness(Reports):
         envelope = self.service.envelope
         if envelope is not None:
             stage = lambda value: _wrapped(envelope, self.handler.postprocess(value))
-        result = self._step("postprocess", stage, y, count)
+        result = self._step("postprocess", stage, y, count, on_batch_data=not self.single_stage)
         result.problems = check_output(result.output, count, stage="postprocess")
         self._warn_problems(result.problems)
         return result
@@ -427,14 +427,13 @@ class Harness(Reports):
             if error is not None:
                 stage = lap.stage if lap is not None else "handle"
                 failed = self.results[stage]
-                failed.error = self._stage_error(
-                    stage, error, count, on_batch_data=lap is not None and lap.input is data
-                )
+                fed = failures.fed_by(self.results, stage, data)  # handle gave the stage its input from data
+                failed.error = self._stage_error(stage, error, count, on_batch_data=fed)
                 self.last_run = Run.failed(stages, count, handle_ms, failed.error, self.handler, socket, self.context)
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
-                    self.results[call.stage].error = self._stage_error(call.stage, call.error, count)
+                    self.results[call.stage].error = self._stage_error(call.stage, call.error, count, alone=False)
         finally:
             self._close_capture(capture)
         last = built[-1]

@@ -34,6 +34,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
 from handlerkit.contract import Problem, check_statuses, response_statuses
 from handlerkit.errors import HandlerkitWarning, StageError
+from handlerkit.recording.locations import shown_at
 from handlerkit.summaries import describe
 
 __all__ = ["RequestFiles", "assert_batch_parity", "assert_contract", "assert_matches_golden", "label_request"]
@@ -84,9 +85,7 @@ def _stage_failure(error: StageError, batch: Batch) -> list[str]:
         what = f"{type(original).__name__}: {str(reason).splitlines()[0] if str(reason) else ''}"
     where = "before any request" if error.stage == "initialize" else _request_name(batch, error.request_index)
     lines = [f"  1. {error.stage}, {where}: {what}"]
-    if error.location is not None:
-        file, line, source = error.location
-        lines.append(f"     at {file}:{line}: {source}")
+    lines.extend(f"     at {shown_at(at)}: {at[2]}" for at in error.locations)  # one per user file, innermost last
     if error.fix:
         lines.append(f"     fix: {error.fix}")
     return lines

@@ -48,3 +48,16 @@ def test_request_error_is_a_400_prediction_exception_with_its_index():
     assert (error.error_code, error.request_index, error.reason) == (400, 2, "request 2: not an image")
     assert error.message == "request 2: not an image\n  fix: send a PNG"  # what TorchServe answers the client
     assert str(PredictionException("teapot", 418)) == "teapot : 418"
+
+
+def test_a_stage_errors_locations_are_innermost_last_and_survive_pickle_and_copy():
+    import copy
+    import pickle
+
+    at = [("/m/handler.py", 19, "return self.model(*inputs)"), ("/m/model.py", 13, "items = self.items(item_ids)")]
+    error = StageError("inference failed", stage="inference", request_index=1, locations=at, fix="f")
+    assert error.locations == at and error.location == at[-1]  # location: the innermost, as before
+    for twin in (pickle.loads(pickle.dumps(error)), copy.deepcopy(error)):
+        assert (twin.locations, twin.location, twin.request_index, twin.fix) == (at, at[-1], 1, "f")
+    alone = StageError("x", stage="preprocess", location=at[0])  # built with location only, as before
+    assert alone.locations == [at[0]] and StageError("x", stage="handle").locations == []

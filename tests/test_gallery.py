@@ -259,7 +259,10 @@ def test_text_bytes_that_are_not_utf8_are_told_as_the_clients_encoding(tmp_path)
     error = h.results["preprocess"].error
     assert error.request_index == 1 and error.location[2] == 'text = text.decode("utf-8")'
     assert error.fix == (
-        "the body is not UTF-8: send text with content-type text/plain; charset=utf-8, or decode with errors='replace'"
+        "request 1's bytes do not decode (UnicodeDecodeError at handler.py line 24): the body is not UTF-8: send "
+        "text with content-type text/plain; charset=utf-8, or decode with errors='replace'. A handler cannot trust "
+        "what clients send: validate it in preprocess and refuse that request alone (self.refuse(index, message, "
+        "fix=...), see handlerkit.handlers.PerRequestErrors)"
     )
 
 
@@ -349,7 +352,12 @@ def test_image_to_image_bytes_that_are_no_image_are_told_as_the_clients_body(tmp
         h.run([hk.Request.from_bytes(png_bytes(), "image/png"), page])
     error = h.results["preprocess"].error
     assert error.request_index == 1 and error.location[1] == line_of("image_to_image", "Image.open(")
-    assert error.fix == "the request body is not an image: send PNG/JPEG bytes as the body or the 'data' field"
+    assert error.fix == (
+        f"request 1's bytes do not decode (UnidentifiedImageError at handler.py line {error.location[1]}): the "
+        "request body is not an image: send PNG/JPEG bytes as the body or the 'data' field. A handler cannot trust "
+        "what clients send: validate it in preprocess and refuse that request alone (self.refuse(index, message, "
+        "fix=...), see handlerkit.handlers.PerRequestErrors)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

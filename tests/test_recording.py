@@ -374,8 +374,9 @@ def test_a_field_the_clients_json_lacks_is_told_as_the_clients_payload(tmp_path)
         h.run([good, misspelt])
     assert info.value.fix == (
         "the client's payload lacks the key 'features' (did you mean 'feature'?): request 1 sent a JSON object "
-        "with 'feature'. Send 'features' in the request, or check for it in preprocess and raise "
-        "hk.RequestError(message, index) so the client gets a 400 that says what to send"
+        "with 'feature'. Send 'features' in the request, or validate it in preprocess and refuse that request alone "
+        "(self.refuse(index, message, fix=...), see handlerkit.handlers.PerRequestErrors), so the client gets a 400 "
+        "that says what to send"
     )
 
 

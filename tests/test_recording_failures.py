@@ -62,8 +62,9 @@ def test_a_form_without_a_field_the_handler_reads_is_told_as_the_clients_form():
     assert info.value.request_index == 1
     assert info.value.fix == (
         "the client's form lacks the field 'city' (did you mean 'cty'?): request 1 sent the fields 'age', "
-        "'income', 'cty'. Send 'city' as a form field, or check for it in preprocess and raise "
-        "hk.RequestError(message, index) so the client gets a 400 that says what to send"
+        "'income', 'cty'. Send 'city' as a form field, or validate it in preprocess and refuse that request alone "
+        "(self.refuse(index, message, fix=...), see handlerkit.handlers.PerRequestErrors), so the client gets a 400 "
+        "that says what to send"
     )
 
 
@@ -82,8 +83,8 @@ def test_a_request_that_fails_alone_where_another_passes_is_told_its_payload_is_
     assert info.value.request_index == 1
     assert info.value.fix.startswith(
         "request 1 fails preprocess alone where request 0 passes, so what it sent is what the handler cannot read: "
-        "compare its payload with request 0's; refuse such a payload in preprocess with "
-        "hk.RequestError(message, index) so the client gets a 400 that says what to send, "
+        "compare its payload with request 0's; validate it in preprocess and refuse that request alone "
+        "(self.refuse(index, message, fix=...), see handlerkit.handlers.PerRequestErrors), "
         "or correct test_recording_failures.py line "
     )
     h.request_names = {batch[0].request_id: "one.json", batch[1].request_id: "two.json"}
@@ -97,8 +98,10 @@ def test_a_usual_cause_keeps_its_own_fix_and_requests_that_all_fail_get_the_line
     with pytest.raises(StageError, match=r"for request 1: KeyError: 'x'") as info:
         h.run([hk.Request.json({"x": 1}), hk.Request.json({"y": 2})])
     assert info.value.fix.startswith("the client's payload lacks the key 'x'")
-    with pytest.raises(StageError, match=r"for request 0: ValueError") as info:
+    with pytest.raises(StageError, match=r"for the batch: ValueError") as info:
         h.run([hk.Request.json({"x": "one"}), hk.Request.json({"x": "two"})])  # none passes: no payload to compare
+    assert info.value.request_index is None
+    assert "\n  run alone, each of the 2 requests fails too: no one request is at fault\n" in str(info.value)
     assert info.value.fix.startswith("ValueError was raised at test_recording_failures.py line ")
 
 
@@ -112,7 +115,8 @@ def test_a_batch_whose_requests_each_pass_alone_is_told_what_they_sent_does_not_
     assert info.value.fix.startswith(
         "each of the 2 requests passes preprocess alone, so it is their combination that fails: what they sent "
         "differs where the handler puts them together (lists of different lengths, images of different sizes); "
-        "compare their payloads, and refuse one of the wrong size in preprocess with hk.RequestError(message, "
-        "index) so the client gets a 400 that says what to send, or make test_recording_failures.py line "
+        "compare their payloads, and where one has the wrong size, validate it in preprocess and refuse that "
+        "request alone (self.refuse(index, message, fix=...), see handlerkit.handlers.PerRequestErrors), "
+        "or make test_recording_failures.py line "
     )
     assert info.value.fix.endswith(" pad them")

@@ -236,6 +236,9 @@ def _in_archive(error: Exception, unpacked: str, archive: str) -> None:
     location = getattr(error, "location", None)
     if location is not None:
         error.location = (renamed(location[0]), *location[1:])  # type: ignore[attr-defined]
+    locations = getattr(error, "locations", None)
+    if isinstance(locations, list):
+        error.locations = [(renamed(at[0]), *at[1:]) for at in locations]  # type: ignore[attr-defined]
     problems = getattr(error, "problems", None)
     if isinstance(problems, list):
         error.problems = [renamed(p) if isinstance(p, str) else p for p in problems]  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ from typing import Any
 from handlerkit.errors import HandlerkitError
 from handlerkit.isolation import exec_source
 from handlerkit.recording.failures import stage_error
+from handlerkit.recording.locations import defined_in_cell
 
 __all__ = ["reexecuted"]
 
@@ -26,6 +27,14 @@ def reexecuted(target: Any, name: str) -> Any:
         StageError: the new source raised (stage ``"reload"``, with the line and the fix).
         HandlerkitError: the module has no source file, or no longer defines ``target``.
     """
+    cell = defined_in_cell(target)
+    if cell is not None:  # its source is the cell's, run again only by running the cell
+        raise HandlerkitError(
+            f"cannot reload {name}: it is defined in a notebook cell ({cell}), which only running the cell again "
+            "defines anew",
+            fix=f"edit and re-run the cell that defines {name}, then build a new Harness from it: "
+            f"h = hk.Harness({name}, h.context)",
+        )
     module = sys.modules.get(target.__module__)
     path = getattr(module, "__file__", None)
     if target.__module__ == "__main__":

@@ -82,12 +82,14 @@ SERVE_AGAIN = "serve the model again (handlerkit serve)"
 def batch_failure(service: Service, batch: Batch, exc: BaseException, files: frozenset[str]) -> StageError:
     """The StageError for ``exc``, raised by ``service.handle(batch)``: the stage method the
     traceback passed through (``handle`` for a function or an overridden ``handle``), the
-    request at fault when it can be told (preprocess is run again on each request alone when
-    it got the batch's own data), where in the handler's files it was raised, and the fix."""
+    request at fault when it can be told (each request is run again alone, from preprocess up
+    to that stage when it got its input from the batch's own data, else through a handle of the
+    handler's own; what it streams then reaches no client), where in the user's files it was
+    raised, and the fix."""
     handler = service.handler
     stage = failures.stage_of(exc, handler) if handler is not None else "handle"
-    # BaseHandler.handle passes the batch's data list to preprocess as it is; an envelope or a
-    # handle of the handler's own may not.
+    # BaseHandler.handle passes the batch's data list to preprocess as it is, and each stage's
+    # output to the next; an envelope or a handle of the handler's own may not.
     on_batch_data = service.envelope is None and not service.single_stage
     return failures.batch_error(
         stage,
@@ -100,6 +102,8 @@ def batch_failure(service: Service, batch: Batch, exc: BaseException, files: fro
         handler_files=files,
         on_batch_data=on_batch_data,
         then=SERVE_AGAIN,
+        enveloped=service.envelope is not None,
+        service=service,
     )
 
 
@@ -157,6 +161,7 @@ def _record(error: HandlerkitError) -> dict[str, Any]:
             handler=error.handler,
             request_index=error.request_index,
             location=list(error.location) if error.location else None,
+            locations=[list(at) for at in error.locations],
         )
     return record
 
@@ -173,6 +178,7 @@ def _rebuild(record: dict[str, Any]) -> HandlerkitError:
             request_index=record.get("request_index"),
             fix=fix,
             location=(str(location[0]), int(location[1]), str(location[2])) if location else None,
+            locations=[(str(at[0]), int(at[1]), str(at[2])) for at in record.get("locations") or ()],
         )
     cls = getattr(errors, str(record.get("type")), None)
     if isinstance(cls, type) and issubclass(cls, HandlerkitError):
