@@ -56,7 +56,9 @@ def image_bytes(payload: Any, index: int) -> bytes | bytearray:
         return decoded
     if isinstance(payload, (bytes, bytearray)):
         if not payload:
-            raise request_error(index, "an empty body", "send the image as the request body or as a form field named 'data'")
+            raise request_error(
+                index, "an empty body", "send the image as the request body or as a form field named 'data'"
+            )
         return payload
     raise request_error(
         index, f"{payload_kind(payload)} is not an image", "send image bytes, a base64 str or a list of floats"

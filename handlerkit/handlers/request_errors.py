@@ -170,7 +170,16 @@ class PerRequestErrors:
     (``async def``) are not wrapped: put the error items back there with :func:`put_back`.
     """
 
-    def refuse(self, index: int, message: str | RequestError, *, fix: str | None = None, code: int = 400) -> RequestError:
+    # The current batch's state, set on first use (a subclass's __init__ need not call ours).
+    _refused: dict[int, RequestError]
+    _refused_size: int | None
+    _refused_ids: dict[Any, Any] | None
+    _left_out: frozenset[int] | None
+    _in_preprocess: bool
+
+    def refuse(
+        self, index: int, message: str | RequestError, *, fix: str | None = None, code: int = 400
+    ) -> RequestError:
         """Answer request ``index`` of the current batch with ``code`` and ``{"code", "error":
         message, "fix": fix}``; the other requests are answered as usual.
 
@@ -185,6 +194,7 @@ class PerRequestErrors:
             The :class:`RequestError` recorded (``self.refused[index]``).
 
         Raises:
+            TypeError: an index that is not an int.
             ValueError: an index outside the batch, or a code that is not a 4xx or 5xx status.
         """
         if isinstance(index, bool) or not isinstance(index, int):
@@ -213,10 +223,10 @@ class PerRequestErrors:
     # -------------------------------------------------------------- the batch's state
     def _begin_refusals(self, data: Any) -> None:
         """A new batch: no refusals yet, ``len(data)`` requests, the context's request ids."""
-        self._refused: dict[int, RequestError] = {}
-        self._refused_size: int | None = len(data) if isinstance(data, (list, tuple)) else None
+        self._refused = {}
+        self._refused_size = len(data) if isinstance(data, (list, tuple)) else None
         self._refused_ids = request_ids(getattr(self, "context", None))
-        self._left_out: frozenset[int] | None = None
+        self._left_out = None
 
     def _refusals(self) -> dict[int, RequestError]:
         """The current batch's refusals; those of another batch (other request ids) are dropped."""
@@ -226,8 +236,8 @@ class PerRequestErrors:
         return self._refused
 
     def _every_request_refused(self) -> bool:
-        refused = self._refusals()
-        return bool(self._refused_size) and len(refused) >= self._refused_size  # type: ignore[operator]
+        refused, size = self._refusals(), self._refused_size
+        return size is not None and 0 < size <= len(refused)
 
     def _with_refusals(self, answers: Any) -> Any:
         """``answers`` with the error items of the refused requests at their indices (:func:`put_back`)."""
