@@ -21,6 +21,7 @@ _EXPORTS = {
     "Batch": "handlerkit.batches",
     "batch": "handlerkit.batches",
     "BaseHandler": "handlerkit.handlers.base",
+    "PerRequestErrors": "handlerkit.handlers.request_errors",
     "handlers": "handlerkit.handlers",
     "Harness": "handlerkit.harness",
     "Service": "handlerkit.service",
@@ -55,6 +56,7 @@ __all__ = [
     "MockContext",
     "ModelConfig",
     "ModelLoadError",
+    "PerRequestErrors",
     "PredictionException",
     "Request",
     "RequestError",
@@ -91,6 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from handlerkit.errors import RequestError as RequestError
     from handlerkit.errors import StageError as StageError
     from handlerkit.handlers.base import BaseHandler as BaseHandler
+    from handlerkit.handlers.request_errors import PerRequestErrors as PerRequestErrors
     from handlerkit.harness import Harness as Harness
     from handlerkit.loading import resolve_handler as resolve_handler
     from handlerkit.requests import Request as Request

@@ -151,10 +151,16 @@ class HandlerkitWarning(UserWarning):
 class RequestError(PredictionException, HandlerkitError, ValueError):
     """One request of a batch that a handler cannot decode; names the request index.
 
-    Handlers raise it from ``preprocess`` so that the harness (and the developer) knows which
-    request of the batch is at fault. It is a :class:`PredictionException` with code 400, so
-    TorchServe answers the client "400 Bad Request" with this message instead of its generic
-    "503 Prediction failed" — for every request of the server batch, as any exception does.
+    **Raised, it fails the whole batch**: it is a :class:`PredictionException` with code 400, so
+    TorchServe answers "400 Bad Request" with this message instead of its generic "503
+    Prediction failed" — to every client whose request is in the server's batch, as any
+    exception does, though only one request was at fault. The harness (and the developer)
+    still learns which request that was.
+
+    To answer that request alone — its own 400 and message, the rest of the batch answered —
+    do not raise: call ``self.refuse(index, message, fix=...)`` in ``preprocess``
+    (:class:`~handlerkit.handlers.request_errors.PerRequestErrors`, which handlerkit's
+    ``BaseHandler`` has and a handler on TorchServe's mixes in). It records a RequestError.
 
     Attributes:
         reason: what is wrong with the request.

@@ -4,7 +4,8 @@ failures is tested on code nobody wrote for handlerkit.
 
 - :func:`audio_dir`: WAV bytes → ``log1p|STFT|`` spectrogram ``[n, 1, 129, 63]`` → a small CNN →
   ``{label: probability}``. A truncated WAV fails in ``wave.open`` (EOFError); one of another
-  length fails ``torch.stack``.
+  length fails ``torch.stack``. ``validating=True`` writes the handler its author writes next,
+  which answers such a WAV alone with a 400 (or, ``bad_wav="raise"``, fails the batch).
 - :func:`ranker_dir`: a multi-input recommender. A request is ``{"user_id": int, "item_ids":
   [int, ...]}`` (any length); preprocess pads the batch to ``(user_ids [n], item_ids [n, L], mask
   [n, L])``, the handler's own ``inference`` calls ``self.model(*inputs)``, and the answer is a
@@ -99,6 +100,66 @@ class SpectrogramHandler(BaseHandler):
         return [{{self.mapping[str(i)]: round(float(p), 4) for i, p in enumerate(row)}} for row in probabilities]
 """
 
+#: The audio handler once its author has met a bad WAV: each one is read apart, and one that
+#: cannot be is refused alone (``{on_bad_wav}``: ``self.refuse``) or fails the batch (``raise``).
+AUDIO_VALIDATING_HANDLER_PY = """\
+import base64
+import io
+import wave
+
+import numpy as np
+import torch
+import handlerkit as hk
+from {base} import BaseHandler
+
+SEND = "send a 1-second mono 16-bit WAV at 8000 Hz as the body (audio/wav)"
+
+
+class SpectrogramHandler({bases}):
+    def read_samples(self, body):
+        \"\"\"The WAV's samples as floats in [-1, 1), or ValueError saying what is wrong with it.\"\"\"
+        if isinstance(body, str):  # a JSON client (KServe v1) sends the file base64-encoded
+            body = base64.b64decode(body)
+        try:
+            with wave.open(io.BytesIO(body)) as wav:
+                rate, frames = wav.getframerate(), wav.readframes(wav.getnframes())
+        except EOFError:
+            raise ValueError("the WAV file is cut short: it ends inside its header") from None
+        except wave.Error as exc:
+            raise ValueError(f"the body is not a WAV file ({{exc}})") from None
+        samples = np.frombuffer(frames, dtype=np.int16)
+        if rate != 8000 or len(samples) != 8000:
+            raise ValueError(f"the WAV has {{len(samples)}} samples at {{rate}} Hz; the model takes 8000 at 8000 Hz")
+        return torch.from_numpy(samples.astype(np.float32) / 32768.0)
+
+    def preprocess(self, data):
+        spectrograms = []
+        for index, row in enumerate(data):
+            self.context.set_response_header(index, "X-Batch-Size", str(len(data)))  # the batch it was in
+            try:
+                signal = self.read_samples(row.get("data") or row.get("body"))
+            except ValueError as exc:
+{on_bad_wav}
+            stft = torch.stft(signal, n_fft=256, hop_length=128, window=torch.hann_window(256), return_complex=True)
+            spectrograms.append(torch.log1p(stft.abs()).unsqueeze(0))
+        return torch.stack(spectrograms) if spectrograms else None  # None: every request was refused
+
+    def postprocess(self, scores):
+        probabilities = torch.softmax(scores, dim=1)
+        return [{{self.mapping[str(i)]: round(float(p), 4) for i, p in enumerate(row)}} for row in probabilities]
+"""
+
+#: What the validating handler does with a WAV it cannot read (:func:`audio_dir`'s ``bad_wav``).
+ON_BAD_WAV = {
+    "refuse": "                self.refuse(index, str(exc), fix=SEND)  # this request alone gets 400\n                continue",
+    "raise": "                raise hk.RequestError(f\"request {index}: {exc}\", index, fix=SEND) from exc  # the batch fails",
+}
+
+#: The message a truncated WAV (:func:`truncated_wav`) gets from the validating handler.
+TRUNCATED_WAV_ERROR = "the WAV file is cut short: it ends inside its header"
+#: What the validating handler tells the client to send instead.
+AUDIO_SEND = "send a 1-second mono 16-bit WAV at 8000 Hz as the body (audio/wav)"
+
 AUDIO_LABELS = {"0": "low tone", "1": "high tone", "2": "noise"}
 
 
@@ -124,19 +185,27 @@ def truncated_wav() -> bytes:
     return wav_bytes()[:30]
 
 
-def audio_dir(path: Path, *, base: str = "torchserve") -> Path:
+def audio_dir(path: Path, *, base: str = "torchserve", validating: bool = False, bad_wav: str = "refuse") -> Path:
     """model.py (``SpectrogramNet``), handler.py (``SpectrogramHandler``), index_to_name.json,
-    model.pt; 1-second 8 kHz WAVs (:func:`wav_bytes`) give ``[1, 129, 63]`` each."""
+    model.pt; 1-second 8 kHz WAVs (:func:`wav_bytes`) give ``[1, 129, 63]`` each.
+
+    The handler is naive (it trusts every WAV) unless ``validating``: then it reads each WAV
+    apart, says what is wrong with one it cannot take (:data:`TRUNCATED_WAV_ERROR`, its fix
+    :data:`AUDIO_SEND`) and, as ``bad_wav`` says, refuses that request alone (``"refuse"``:
+    ``self.refuse``, mixed into TorchServe's BaseHandler as ``hk.PerRequestErrors``) or raises
+    ``hk.RequestError`` (``"raise"``: the whole batch fails). Each request's response header
+    ``X-Batch-Size`` says how many requests its batch had."""
     from types import ModuleType
 
     namespace = ModuleType("audio_model")
     exec(AUDIO_MODEL_PY, namespace.__dict__)
     weights = _seeded_state(namespace.SpectrogramNet(), seed=1)
-    files = {
-        "model.py": AUDIO_MODEL_PY,
-        "handler.py": AUDIO_HANDLER_PY.format(base=BASES[base]),
-        "index_to_name.json": json.dumps(AUDIO_LABELS),
-    }
+    if validating:
+        bases = "hk.PerRequestErrors, BaseHandler" if base == "torchserve" else "BaseHandler"
+        handler = AUDIO_VALIDATING_HANDLER_PY.format(base=BASES[base], bases=bases, on_bad_wav=ON_BAD_WAV[bad_wav])
+    else:
+        handler = AUDIO_HANDLER_PY.format(base=BASES[base])
+    files = {"model.py": AUDIO_MODEL_PY, "handler.py": handler, "index_to_name.json": json.dumps(AUDIO_LABELS)}
     manifest = {"modelName": "sounds", "handler": "handler.py", "modelFile": "model.py", "serializedFile": "model.pt"}
     return _write(path, files, manifest, weights)
 

@@ -178,20 +178,29 @@ def test_archive_builds_a_mar_that_service_open_serves(projects, kind, tmp_path,
 
 
 @pytest.mark.torchserve
-def test_the_handler_runs_on_torchserves_base_handler_after_one_import(projects, kind, tmp_path):
-    """What its docstring promises: with TorchServe's BaseHandler in place of handlerkit's, the
-    same answers (TorchServe's initialize loads model.py, model.pt and index_to_name.json)."""
+def test_the_handler_runs_on_torchserves_base_handler_as_its_docstring_says(projects, kind, tmp_path):
+    """What its docstring promises: with TorchServe's BaseHandler in place of handlerkit's and
+    PerRequestErrors mixed in, the same answers, a request it cannot read refused alone included
+    (TorchServe's initialize loads model.py, model.pt and index_to_name.json)."""
     pytest.importorskip("ts")
     project = shutil.copytree(projects[kind], tmp_path / "ts")
     handler = project / "model" / "handler.py"
     source = handler.read_text()
     assert source.count("from handlerkit.handlers import BaseHandler") == 1
-    handler.write_text(source.replace("from handlerkit.handlers import BaseHandler",
-                                      "from ts.torch_handler.base_handler import BaseHandler"))  # fmt: skip
-    batch = hk.batch(*(hk.Request.from_file(f) for f in sample_requests(project, kind)))
+    name = re.search(r"^class (\w+)\(BaseHandler\):$", source, re.M).group(1)
+    assert f"class {name}(PerRequestErrors, BaseHandler)" in source  # the docstring's recipe
+    source = source.replace("from handlerkit.handlers import BaseHandler",
+                            "from ts.torch_handler.base_handler import BaseHandler\n\n"
+                            "from handlerkit.handlers import PerRequestErrors")  # fmt: skip
+    handler.write_text(source.replace(f"class {name}(BaseHandler):", f"class {name}(PerRequestErrors, BaseHandler):"))
+    garbage = hk.Request.from_bytes(b"\xff\x00\xfe", "application/octet-stream")
+    batch = hk.batch(*(hk.Request.from_file(f) for f in sample_requests(project, kind)), garbage)
     theirs = hk.Harness.open(project / "model")
     assert "ts.torch_handler.base_handler" in {cls.__module__ for cls in type(theirs.handler).__mro__}
-    assert theirs.run(batch).output == hk.Harness.open(projects[kind] / "model").run(batch).output
+    answers = theirs.run(batch).output
+    assert answers == hk.Harness.open(projects[kind] / "model").run(batch).output
+    assert [answer.get("label") for answer in answers[:-1]] == labels(kind) and answers[-1]["code"] == 400
+    assert theirs.context.get_response_status(len(answers) - 1) == (400, "Bad Request")
 
 
 # ------------------------------------------------------------------------------ the command

@@ -358,6 +358,7 @@ def test_stages_one_at_a_time_and_from_your_own_tensor(h):
     assert top(first) == "weather" and second["code"] == 400
     rows = Vocabulary.from_file(str(MODEL_DIR / "vocab.txt")).lookup(["heavy", "rain", "heavy rain"])
     assert torch.is_tensor(h.inference(torch.tensor([rows])).output)  # [texts, entries], no offsets
-    with pytest.warns(HandlerkitWarning, match="one item per request"):  # one row for the batch of 2 bound
-        [mine] = h.postprocess().output
+    # One row for the readable request of the batch bound: request 1 stays refused in it.
+    mine, refused = h.postprocess().output
+    assert refused == second
     assert mine == pytest.approx(h.run(hk.batch(hk.Request.text("heavy rain"))).output[0], abs=1e-6)

@@ -134,8 +134,9 @@ def test_errors_recorded_for_another_batch_are_not_put_back(cnn5_dir):
     handler.initialize(ctx)
     handler.handle(_batch(ctx).data, ctx)  # two errors recorded for that batch
     fresh = hk.batch(hk.Request.from_bytes(png_bytes()), hk.Request.from_bytes(png_bytes(seed=1)))
-    fresh.bind(ctx)  # new request ids; a preprocess of its own never reset request_errors
-    assert handler.with_request_errors([7, 8]) == [7, 8]
+    fresh.bind(ctx)  # new request ids; no preprocess ran through the wrapper to begin the batch
+    assert handler.postprocess(torch.eye(5)[:2]) == [0, 1]
+    assert handler.refused == {} and handler.request_errors == {}
 
 
 def test_an_empty_readable_batch_passes_inference_without_the_model(cnn5_dir):

@@ -3,8 +3,8 @@
 Writes ``NAME/`` (in the working directory, or in ``-o DIR``):
 
 - ``model/``, the model dir TorchServe loads: ``handler.py`` (a
-  :class:`~handlerkit.handlers.BaseHandler` subclass with its own ``preprocess`` and
-  ``postprocess``), ``model.py`` and its weights
+  :class:`~handlerkit.handlers.BaseHandler` subclass with its own ``preprocess``, which answers
+  a request it cannot read alone with ``self.refuse``, and ``postprocess``), ``model.py`` and its weights
   ``model.pt``, ``index_to_name.json``, ``model-config.yaml``, and the ``MAR-INF/MANIFEST.json``
   that ``handlerkit manifest`` writes (:func:`handlerkit.cli.manifest.write_manifest`);
 - ``requests/``, sample requests; ``test_handler.py``, tests with handlerkit's pytest plugin

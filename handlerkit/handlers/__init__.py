@@ -1,4 +1,5 @@
-"""handlerkit's handlers: the TorchServe-compatible base and the built-in handlers.
+"""handlerkit's handlers: the TorchServe-compatible base, the built-in handlers, and
+:class:`PerRequestErrors`, which answers one bad request of a batch alone (any handler can mix it in).
 
 Heavy modules (torchvision) are imported on first use of a name.
 """
@@ -10,6 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "BaseHandler": "handlerkit.handlers.base",
+    "PerRequestErrors": "handlerkit.handlers.request_errors",
     "VisionHandler": "handlerkit.handlers.vision",
     "ImageClassifier": "handlerkit.handlers.image_classifier",
     "ImageSegmenter": "handlerkit.handlers.image_segmenter",
@@ -23,6 +25,7 @@ __all__ = [
     "ImageClassifier",
     "ImageSegmenter",
     "ObjectDetector",
+    "PerRequestErrors",
     "TextClassifier",
     "TextHandler",
     "VisionHandler",

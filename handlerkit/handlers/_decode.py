@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from handlerkit.errors import RequestError
-from handlerkit.handlers.request_errors import payload_kind, refuse
+from handlerkit.handlers.request_errors import payload_kind, request_error
 
 __all__ = ["convert_mode", "image_bytes", "load_image", "open_image", "pixel_limit"]
 
@@ -37,7 +37,7 @@ def image_bytes(payload: Any, index: int) -> bytes | bytearray:
         payload = bytes(payload)
     if isinstance(payload, str):
         if payload.lstrip().startswith("data:") and "," in payload:
-            raise refuse(
+            raise request_error(
                 index,
                 "the body is a data URL, not base64 alone",
                 "send only what follows the comma (the base64 part), or the image bytes themselves",
@@ -46,19 +46,21 @@ def image_bytes(payload: Any, index: int) -> bytes | bytearray:
             # Whitespace is dropped first: base64 tools wrap lines (TorchServe's decoder skips it too).
             decoded = base64.b64decode("".join(payload.split()), validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise refuse(
+            raise request_error(
                 index,
                 f"the body is a str that is not base64 ({exc})",
                 "send the image bytes with a binary content type, or base64-encode them",
             ) from exc
         if not decoded:
-            raise refuse(index, "the body is empty", _SEND_AN_IMAGE)
+            raise request_error(index, "the body is empty", _SEND_AN_IMAGE)
         return decoded
     if isinstance(payload, (bytes, bytearray)):
         if not payload:
-            raise refuse(index, "an empty body", "send the image as the request body or as a form field named 'data'")
+            raise request_error(
+                index, "an empty body", "send the image as the request body or as a form field named 'data'"
+            )
         return payload
-    raise refuse(
+    raise request_error(
         index, f"{payload_kind(payload)} is not an image", "send image bytes, a base64 str or a list of floats"
     )
 
@@ -81,7 +83,7 @@ def pixel_limit(limited: bool) -> Iterator[None]:
 
 
 def _too_large(index: int, what: str) -> RequestError:
-    return refuse(
+    return request_error(
         index,
         what,
         "send a smaller image, or set limit_max_image_pixels=false on the server "
@@ -118,7 +120,7 @@ def open_image(data: bytes | bytearray, index: int, *, limit_pixels: bool = True
             raise
         except Exception as exc:  # UnidentifiedImageError, and what broken headers raise (SyntaxError, ...)
             detail = "" if isinstance(exc, Image.UnidentifiedImageError) else f" ({type(exc).__name__}: {exc})"
-            raise refuse(
+            raise request_error(
                 index, f"the {len(data)}-byte body is not an image PIL can read{detail}", _SEND_AN_IMAGE
             ) from exc
     limit = Image.MAX_IMAGE_PIXELS
@@ -143,7 +145,7 @@ def load_image(image: Any, index: int) -> Any:
     except MemoryError:
         raise
     except Exception as exc:  # OSError, SyntaxError, ValueError, EOFError, zlib/struct errors...
-        raise refuse(
+        raise request_error(
             index, f"the image is corrupt or truncated ({type(exc).__name__}: {exc})", "send the complete image file"
         ) from exc
     return image

@@ -15,7 +15,11 @@ one import. Where it differs, it differs to fail loudly instead of silently:
 * a bad model dir raises a :class:`~handlerkit.errors.ModelLoadError` that names the file
   and the fix, and leaves ``initialized`` False;
 * TF32 is set in ``initialize`` (a ``handler: {tf32: ...}`` setting), never at import;
-* the ``handler:`` settings are validated once, at ``initialize`` (:attr:`BaseHandler.settings`).
+* the ``handler:`` settings are validated once, at ``initialize`` (:attr:`BaseHandler.settings`);
+* one bad request can be answered alone, with its own 4xx and message, while the others are
+  answered: ``self.refuse(index, message, fix=...)`` in preprocess
+  (:class:`~handlerkit.handlers.request_errors.PerRequestErrors`). Raising
+  :class:`~handlerkit.errors.RequestError` fails the whole batch, as in TorchServe.
 
 Like TorchServe's, ``initialize`` deletes ``pt2.compile.enable`` from the context's model
 config when it is true, and ``handle`` runs the stages under ``torch.profiler`` when the
@@ -49,6 +53,7 @@ from handlerkit.compile_cache import load_shipped
 from handlerkit.devices import choose_device
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, ModelLoadError
 from handlerkit.formats import detect_format, load_model
+from handlerkit.handlers.request_errors import PerRequestErrors
 from handlerkit.timer import Timer
 
 logger = logging.getLogger(__name__)
@@ -171,7 +176,7 @@ def output_width(model: Any) -> int | None:
     return None
 
 
-class BaseHandler:
+class BaseHandler(PerRequestErrors):
     """TorchServe's BaseHandler contract, with recorded decisions and loud failures.
 
     ``initialize(context)`` picks the device (CUDA when the context's ``gpu_id`` is set →
@@ -181,6 +186,11 @@ class BaseHandler:
     ``inference`` → ``postprocess``, sends requests with an ``explain: True`` header to
     :meth:`explain_handle` and ``describe: True`` to :meth:`describe_handle`, and records
     ``HandlerTime``.
+
+    A request that cannot be read is answered alone: ``self.refuse(index, message, fix=...)``
+    in ``preprocess`` sets its status and puts ``{"code", "error", "fix"}`` at its index among
+    the answers of the others (:class:`~handlerkit.handlers.request_errors.PerRequestErrors`:
+    :meth:`refuse`, :attr:`refused`, :meth:`accepted`).
 
     Attributes (TorchServe's names): ``model``, ``mapping``, ``device``, ``initialized``,
     ``context``, ``manifest``, ``map_location``, ``model_pt_path``, ``model_yaml_config``;

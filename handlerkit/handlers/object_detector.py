@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from handlerkit.errors import ConfigError, HandlerkitError, RequestError
+from handlerkit.errors import ConfigError, HandlerkitError
 from handlerkit.handlers.base import HandlerDecisions, timed
 from handlerkit.handlers.vision import VisionHandler
 from handlerkit.summaries import describe
@@ -70,19 +70,15 @@ class ObjectDetector(VisionHandler):
     def _stack(self, tensors: list[torch.Tensor], expected: tuple[int, ...] | None) -> Any:
         """The readable requests' images (in request order) as the model's input: one tensor when
         they have one size, else a list; a request whose tensor is not ``[C, H, W]`` fails alone."""
-        errors = self.request_errors
+        errors = self.refused
         readable = [i for i in range(len(tensors) + len(errors)) if i not in errors]
         kept = []
         for index, tensor in zip(readable, tensors):
             if tensor.dim() != 3:
-                self.fail_request(
+                self.refuse(
                     index,
-                    RequestError(
-                        f"request {index}: a list of floats of shape {list(tensor.shape)} is not an image "
-                        "[channels, height, width]",
-                        index,
-                        fix="send the image itself, or a nested list of floats shaped [3, height, width]",
-                    ),
+                    f"a list of floats of shape {list(tensor.shape)} is not an image [channels, height, width]",
+                    fix="send the image itself, or a nested list of floats shaped [3, height, width]",
                 )
             else:
                 kept.append(tensor)

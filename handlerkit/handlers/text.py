@@ -43,7 +43,7 @@ from handlerkit.batches import payload as request_payload
 from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning, ModelLoadError, RequestError
 from handlerkit.handlers._contractions import CONTRACTIONS
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
-from handlerkit.handlers.request_errors import fail, payload_kind, refuse
+from handlerkit.handlers.request_errors import payload_kind, request_error
 from handlerkit.handlers.vocabulary import Vocabulary, load_source_vocab
 
 __all__ = [
@@ -266,31 +266,31 @@ class TextHandler(BaseHandler):
         fix = "send the text as the request body (text/plain; charset=utf-8) or as a JSON string"
         if payload is None:
             got = f"fields {sorted(row)}" if isinstance(row, dict) else f"a {type(row).__name__}"
-            raise refuse(index, f"no text under 'data' or 'body' (got {got})", fix)
+            raise request_error(index, f"no text under 'data' or 'body' (got {got})", fix)
         limit = self.max_text_chars
         too_long = "split it into several requests, or raise handler: {max_text_chars: N} in model-config.yaml"
         if isinstance(payload, (bytes, bytearray, memoryview)):
             if len(payload) > 4 * limit:  # UTF-8 takes at most 4 bytes a character
                 what = f"the body has {len(payload):,} bytes, more than {limit:,} characters can take"
-                raise refuse(index, what, too_long, 413)
+                raise request_error(index, what, too_long, 413)
             try:
                 payload = bytes(payload).decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise refuse(
+                raise request_error(
                     index,
                     f"the body is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at position {exc.start})",
                     "encode the text as UTF-8 (Latin-1 and UTF-16 are not read)",
                 ) from exc
         if not isinstance(payload, str):
-            raise refuse(
+            raise request_error(
                 index,
                 f"{payload_kind(payload)} is not text",
                 fix + " (TorchServe's text classifier reads no JSON fields either)",
             )
         if not payload.strip():
-            raise refuse(index, "the body is empty" if not payload else "the text is only whitespace", fix)
+            raise request_error(index, "the body is empty" if not payload else "the text is only whitespace", fix)
         if len(payload) > limit:
-            raise refuse(
+            raise request_error(
                 index, f"the text has {len(payload):,} characters; this handler takes at most {limit:,}", too_long, 413
             )
         return payload
@@ -334,19 +334,18 @@ class TextHandler(BaseHandler):
         rows: list[int] = []
         offsets: list[int] = []
         features: list[list[str] | None] = []
-        errors: dict[int, RequestError] = {}
         for index, row in enumerate(data):
             try:
                 text = self.read_text(row, index)
                 found = self.features(text)
                 if not found:
-                    raise refuse(
+                    raise request_error(
                         index,
                         f"no words are left after normalisation (tags, accents, punctuation removed) of {text[:40]!r}",
                         "send text with at least one word in Latin letters or digits",
                     )
             except RequestError as exc:
-                fail(errors, index, exc, self.context)
+                self.refuse(index, exc)
                 features.append(None)
                 continue
             offsets.append(len(rows))
@@ -356,7 +355,7 @@ class TextHandler(BaseHandler):
             torch.as_tensor(rows, dtype=torch.long, device=self.device),
             torch.as_tensor(offsets, dtype=torch.long, device=self.device),
             features,
-            errors,
+            dict(self.refused),
         )
 
 

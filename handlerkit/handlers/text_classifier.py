@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from handlerkit.errors import HandlerkitError, RequestError
 from handlerkit.handlers._text_explain import token_attributions
 from handlerkit.handlers.base import HandlerDecisions, timed
-from handlerkit.handlers.request_errors import error_item, put_back, set_status
+from handlerkit.handlers.request_errors import error_item
 from handlerkit.handlers.text import TextBatch, TextHandler, TextScores
 
 __all__ = ["TextClassifier"]
@@ -49,16 +49,12 @@ class TextClassifier(TextHandler):
 
     @timed
     def postprocess(self, data: Any) -> list[dict[str, Any]]:
-        """Per request, its probabilities or its error item; a plain tensor of scores counts as
-        one readable request per row."""
-        if isinstance(data, torch.Tensor):
-            rows = data.shape[0]
-            empty = torch.empty(0, dtype=torch.long)
-            data = TextScores(data, TextBatch(empty, empty, [[]] * rows, {}))
-        batch = data.batch
+        """Its probabilities per readable request (the others' error items are put back); a plain
+        tensor of scores counts as one readable request per row."""
+        scores = data if isinstance(data, torch.Tensor) else data.scores
         answers: list[dict[str, Any]] = []
-        if data.scores is not None:
-            probs = F.softmax(data.scores.float(), dim=1)
+        if scores is not None:
+            probs = F.softmax(scores.float(), dim=1)
             if self.topk is None:
                 classes = [list(range(probs.shape[1]))] * probs.shape[0]
                 values = probs.tolist()
@@ -70,7 +66,7 @@ class TextClassifier(TextHandler):
                 {(mapping[str(c)] if mapping is not None else str(c)): p for c, p in zip(cs, ps)}
                 for cs, ps in zip(classes, values)
             ]
-        return put_back(answers, batch.errors, len(batch.features))
+        return answers  # one per readable request: the refused ones' error items are put back
 
     # -------------------------------------------------------------- explanations
     def explain_handle(self, data_preprocess: TextBatch, raw_data: list[Any]) -> list[dict[str, Any]]:
@@ -89,8 +85,7 @@ class TextClassifier(TextHandler):
             try:
                 target = self._target(row, index)
             except RequestError as exc:
-                set_status(self.context, index, exc)
-                out.append(error_item(exc))
+                out.append(error_item(self.refuse(index, exc)))
                 continue
             out.append(self.get_insights(indices, features, target))
         return out

@@ -30,7 +30,6 @@ kernel, ±1 on some pixels).
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -44,7 +43,6 @@ from handlerkit.errors import ConfigError, RequestError
 from handlerkit.handlers._decode import convert_mode, image_bytes, load_image, open_image
 from handlerkit.handlers._pipeline import ResizeCropNormalize, pipeline_from
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
-from handlerkit.handlers.request_errors import fail, put_back
 
 __all__ = ["ResizeCropNormalize", "VisionHandler", "decode_image"]
 
@@ -59,21 +57,6 @@ def decode_image(payload: Any, index: int, *, limit_pixels: bool = True) -> Any:
     return load_image(image, index)
 
 
-#: The methods whose answers get the error items put back.
-_PUT_BACK_IN = ("postprocess", "explain_handle")
-
-
-def _puts_errors_back(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` with :meth:`VisionHandler.with_request_errors` applied to what it returns."""
-
-    @functools.wraps(method)
-    def wrapper(self: VisionHandler, *args: Any, **kwargs: Any) -> Any:
-        return self.with_request_errors(method(self, *args, **kwargs))
-
-    wrapper._puts_errors_back = True  # type: ignore[attr-defined]
-    return wrapper
-
-
 class VisionHandler(BaseHandler):
     """Base of the image handlers: each request's ``data`` or ``body`` is an image.
 
@@ -85,15 +68,15 @@ class VisionHandler(BaseHandler):
     * ``image_mode`` (``"RGB"``): the mode images are converted to; None keeps them as decoded;
     * ``alpha_background`` (white): what transparent pixels are composited over; None drops alpha;
     * ``decode_threads`` / ``jpeg_draft`` / ``fast_resize``: see the module docstring;
-    * :attr:`request_errors` (index → :class:`RequestError`) after :meth:`preprocess`, which
-      returns the tensor of the readable requests only; :meth:`with_request_errors` puts the
-      error items back among a postprocess's answers (a subclass's ``postprocess`` and
-      ``explain_handle`` are wrapped so that it happens even when they answer one item per
-      tensor row, as TorchServe's do; putting them back twice changes nothing);
-      :meth:`fail_request` records one more.
+    * :meth:`preprocess` returns the tensor of the readable requests only; each other one is
+      refused (:meth:`~handlerkit.handlers.request_errors.PerRequestErrors.refuse`, from
+      BaseHandler): :attr:`refused` (also :attr:`request_errors`) maps its index to its
+      :class:`RequestError`, and its error item is put back among the answers of any subclass's
+      ``postprocess`` and ``explain_handle``, even one written for TorchServe's VisionHandler
+      (one item per tensor row). A subclass refuses more with ``self.refuse(index, ...)``.
 
-    When no request of a batch is readable, ``inference`` passes the empty (0-row) tensor
-    through without calling the model, so ``postprocess`` must accept a 0-row input.
+    When no request of a batch is readable, ``inference`` and ``postprocess`` do not run: the
+    batch is answered with the error items (the model never sees an empty batch).
     """
 
     image_processing: Any = None
@@ -105,9 +88,6 @@ class VisionHandler(BaseHandler):
 
     def __init__(self) -> None:
         super().__init__()
-        self.request_errors: dict[int, RequestError] = {}
-        self._batch_size = 0
-        self._batch_ids: Any = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._executor_size = 0
         self._executor_pid = 0
@@ -154,43 +134,10 @@ class VisionHandler(BaseHandler):
         properties = getattr(self.context, "system_properties", None) or {}
         return properties.get("limit_max_image_pixels", True) is not False
 
-    # -------------------------------------------------------------- per-request errors
-    def fail_request(self, index: int, error: RequestError) -> None:
-        """Record request ``index``'s error and set its status (``context.set_response_status``);
-        for preprocess, before the request reaches the model."""
-        fail(self.request_errors, index, error, self.context)
-
-    def with_request_errors(self, items: Any) -> Any:
-        """``items``, one per readable request, with each failed request's error item put back
-        at its index; anything else (already one per request, not a list) is returned as is
-        (:func:`~handlerkit.handlers.request_errors.put_back`)."""
-        errors = getattr(self, "request_errors", None)
-        if not errors:
-            return items
-        if self._batch_ids is not None and self._batch_ids != _request_ids(self.context):
-            return items  # recorded for another batch (a preprocess that never called ours ran since)
-        return put_back(items, errors, self._batch_size)
-
-    def _begin_batch(self, data: Any) -> None:
-        self.request_errors = {}
-        self._batch_size = len(data) if isinstance(data, (list, tuple)) else 0
-        self._batch_ids = _request_ids(self.context)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Every subclass's ``postprocess`` and ``explain_handle`` put the error items back, so a
-        handler written for TorchServe's VisionHandler (one answer per tensor row) isolates bad
-        requests too: the subclass's own method, or the one it inherits from a class that is no
-        VisionHandler (a mixin), is wrapped. Putting the items back is idempotent, so a subclass
-        whose method only passes the call on to its base class answers exactly as the base
-        does, though both layers put back. ``handle`` is left alone: it stays TorchServe's,
-        running the stages (the harness steps through them). The wrapper keeps the original as
-        ``__wrapped__``, so error locations still lead to the subclass's file."""
-        super().__init_subclass__(**kwargs)
-        for name in _PUT_BACK_IN:
-            own = vars(cls).get(name)
-            method = own if own is not None else getattr(cls, name, None)  # a VisionHandler's is marked
-            if callable(method) and not getattr(method, "_puts_errors_back", False):
-                setattr(cls, name, _puts_errors_back(method))
+    @property
+    def request_errors(self) -> dict[int, RequestError]:
+        """:attr:`refused`, by its earlier name: index → :class:`RequestError` of this batch."""
+        return self.refused
 
     # -------------------------------------------------------------- the batch
     def _pool(self, jobs: int) -> concurrent.futures.ThreadPoolExecutor | None:
@@ -232,8 +179,7 @@ class VisionHandler(BaseHandler):
     @timed
     def preprocess(self, data: list[dict[str, Any]]) -> torch.Tensor:
         """The readable requests' images as one batch tensor; the others get their error
-        (:attr:`request_errors`) and a 4xx status here."""
-        self._begin_batch(data)
+        (:attr:`refused`) and a 4xx status here."""
         pipeline = self._pipeline()
         limit = self._limit_pixels()
         opened: list[tuple[int, Any, tuple[int, int]]] = []
@@ -258,7 +204,7 @@ class VisionHandler(BaseHandler):
                 full_size = pipeline.prepare(image) if pipeline is not None else image.size
                 opened.append((index, image, full_size))
             except RequestError as exc:
-                self.fail_request(index, exc)
+                self.refuse(index, exc)
 
         mode, background = self.image_mode, self.alpha_background
         # With a fixed output shape, each thread normalises its images into their rows of the batch.
@@ -287,7 +233,7 @@ class VisionHandler(BaseHandler):
         good = []
         for (index, _, _), result in zip(opened, decoded):
             if isinstance(result, RequestError):
-                self.fail_request(index, result)
+                self.refuse(index, result)
             else:
                 good.append((index, result))
         if rows_out is not None:
@@ -305,7 +251,7 @@ class VisionHandler(BaseHandler):
             try:
                 rows[index] = _float_tensor(values, index, expected)
             except RequestError as exc:
-                self.fail_request(index, exc)
+                self.refuse(index, exc)
         if batch is not None and len(rows) == len(good):  # images only: the batch as normalised
             return batch.to(self.device)
         return self._stack([rows[i] for i in sorted(rows)], expected)
@@ -341,24 +287,10 @@ class VisionHandler(BaseHandler):
             )
         return torch.stack(tensors).to(self.device)
 
-    def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        """The model on the readable requests; an empty batch (none readable) passes through."""
-        if isinstance(data, torch.Tensor) and data.shape[0] == 0 and getattr(self, "request_errors", None):
-            return data
-        return super().inference(data, *args, **kwargs)
-
-    @_puts_errors_back
     @timed
     def postprocess(self, data: Any) -> list[Any]:
-        """``data.tolist()`` for the readable requests, error items for the others."""
+        """``data.tolist()`` for the readable requests (the others' error items are put back)."""
         return data.tolist()
-
-    @_puts_errors_back
-    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> Any:
-        """TorchServe's explanations (one per readable request), error items for the others."""
-        if isinstance(data_preprocess, torch.Tensor) and data_preprocess.shape[0] == 0:
-            return []  # nothing readable: nothing to explain
-        return super().explain_handle(data_preprocess, raw_data)
 
     def get_insights(self, tensor_data: Any, raw_input: Any, target: Any = 0) -> Any:
         """Integrated gradients for ``target`` (captum), as TorchServe's VisionHandler does."""
@@ -381,12 +313,6 @@ def _batch_array(pipeline: ResizeCropNormalize | None, count: int) -> Any:
 def _is_pil_image(value: Any) -> bool:
     image_module = sys.modules.get("PIL.Image")
     return image_module is not None and isinstance(value, image_module.Image)
-
-
-def _request_ids(context: Any) -> Any:
-    """The batch's request ids (new for every batch, in TorchServe and in handlerkit), if bound."""
-    ids = getattr(context, "request_ids", None)
-    return dict(ids) if isinstance(ids, dict) else None
 
 
 def _float_tensor(values: Any, index: int, expected: tuple[int, ...] | None) -> torch.Tensor:

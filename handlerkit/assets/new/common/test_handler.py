@@ -2,7 +2,8 @@
 
 pytest.ini names the model dir (hk_model_dir = model); hk_harness() loads its handler as
 TorchServe's worker would, and hk_request reads requests from files next to this one. A
-failure names the stage, the request and the fix.
+failure names the stage, the request and the fix; a request the handler cannot read is
+answered alone, with its own 400.
 """
 
 import pytest
@@ -30,9 +31,12 @@ def test_preprocess_gives_one_row_per_request(hk_harness, hk_request):
     assert pre.tensors[0].shape[0] == len(REQUESTS)
 
 
-def test_a_request_it_cannot_read_is_named(hk_harness):
+def test_a_request_it_cannot_read_is_answered_alone(hk_harness, hk_request):
+    h = hk_harness()
     garbage = hk.Request.from_bytes(b"\xff\x00\xfe", "application/octet-stream")
-    with pytest.raises(hk.StageError, match="request 0: expected") as failed:
-        hk_harness().run(hk.batch(garbage))
-    assert failed.value.stage == "preprocess"
-    assert failed.value.fix.startswith("send ")  # what the handler's RequestError tells the client to send
+    run = assert_contract(h, hk_request.batch(*REQUESTS, garbage))
+    assert [answer["label"] for answer in run.output[:-1]] == LABELS  # the others are answered
+    refused = run.output[-1]  # the handler's self.refuse(...): its own answer and status
+    assert refused["code"] == 400 and refused["error"].startswith("expected ")
+    assert refused["fix"].startswith("send ")  # what the client should send instead
+    assert h.context.get_response_status(len(REQUESTS)) == (400, "Bad Request")  # that client alone

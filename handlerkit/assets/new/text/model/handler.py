@@ -2,13 +2,17 @@
 bytes); its answer is {"label": ..., "probability": ...}, the likeliest of the classes
 index_to_name.json names.
 
+A request that is not text is refused alone: self.refuse(index, message, fix=...) gives that
+client 400 and {"code": 400, "error": message, "fix": fix}, and the other requests of the
+batch are answered as usual. (Raising handlerkit's RequestError instead would fail every
+request of the server's batch with that 400, as any exception does in TorchServe.)
+
 TorchServe loads this file as it is, with handlerkit installed on the server (list it in a
-requirements.txt); without handlerkit, import BaseHandler from ts.torch_handler.base_handler
-instead (the stages and the attributes self.model, self.mapping, self.device are the same) and
-raise ValueError where this raises RequestError. A RequestError names the request at fault and
-what to send; TorchServe answers the client 400 with its message instead of 503.
-BaseHandler.initialize loads model.py's class with model.pt and index_to_name.json; its
-inference runs the model on self.device.
+requirements.txt). On TorchServe's own BaseHandler (ts.torch_handler.base_handler) the stages
+and self.model, self.mapping, self.device are the same; keep refuse there by mixing it in
+first: class SentimentClassifier(PerRequestErrors, BaseHandler), with PerRequestErrors from
+handlerkit.handlers. BaseHandler.initialize loads model.py's class with model.pt and
+index_to_name.json; its inference runs the model on self.device.
 """
 
 import os
@@ -16,7 +20,6 @@ import re
 
 import torch
 
-from handlerkit.errors import RequestError
 from handlerkit.handlers import BaseHandler
 
 PAD, UNKNOWN = 0, 1  # the ids of vocab.txt's first two lines, <pad> and <unk>
@@ -25,8 +28,8 @@ SEND = "send UTF-8 text as the body (text/plain), or a JSON string"
 
 
 class SentimentClassifier(BaseHandler):
-    """initialize: also reads vocab.txt; preprocess: texts to padded token ids; postprocess:
-    each request's top class."""
+    """initialize: also reads vocab.txt; preprocess: texts to padded token ids (a request that
+    is not text refused); postprocess: the top class of each request that reached the model."""
 
     max_tokens = 256  # longer texts are cut
 
@@ -46,13 +49,15 @@ class SentimentClassifier(BaseHandler):
                 try:
                     text = text.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise RequestError(
-                        f"request {index}: expected UTF-8 text, got bytes that are not ({exc})", index, fix=SEND
-                    ) from exc
+                    self.refuse(index, f"expected UTF-8 text, got bytes that are not ({exc})", fix=SEND)
+                    continue  # left out of the batch: its answer is the error item
             if not isinstance(text, str):
-                raise RequestError(f"request {index}: expected text, got {type(text).__name__}", index, fix=SEND)
+                self.refuse(index, f"expected text, got {type(text).__name__}", fix=SEND)
+                continue
             words = WORD.findall(text.lower())[: self.max_tokens]
             rows.append([self.ids.get(word, UNKNOWN) for word in words])
+        if not rows:  # every request was refused: inference and postprocess do not run
+            return None
         # Padded to the longest text; the model's mean leaves padding out, so each request
         # gets the same answer alone as in any batch.
         ids = torch.full((len(rows), max(1, *map(len, rows))), PAD, dtype=torch.long)
