@@ -17,6 +17,7 @@ them (tests/_new_users.py) and small ones written here.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -224,7 +225,7 @@ def test_a_batch_that_fails_only_together_in_inference_is_told_so():
         "each of the 3 requests passes inference alone, so it is their combination that fails: what they sent "
         "differs where the handler puts them together (lists of different lengths, images of different sizes); "
         f"compare their payloads, and where one has the wrong size, validate it in preprocess and {REFUSE}, or make "
-        f"test_attribution.py line {Ragged.inference.__code__.co_firstlineno + 3} pad them"
+        f"test_attribution.py line {inspect.unwrap(Ragged.inference).__code__.co_firstlineno + 3} pad them"
     )
 
 
