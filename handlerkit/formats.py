@@ -2,9 +2,19 @@
 
 TorchServe 0.12 loads eager (``modelFile`` + state_dict), TorchScript, ONNX and legacy
 AOTInductor ``.so`` models, but only eager and TorchScript models run through its default
-``inference``: an ONNX session is not callable with a tensor. Here every loader returns a
-callable that takes and returns torch tensors on the handler's device, so the default
-``inference`` serves every format.
+``inference``: its ``BaseHandler.initialize`` keeps an ONNX model as the bare
+``onnxruntime.InferenceSession`` (``setup_ort_session``), which takes numpy arrays by input
+name (``session.run(None, {...})``) and is not callable, so a handler whose ``inference``
+calls ``self.model(*inputs)`` fails every request there. Here every loader returns a callable
+that takes the model's inputs as positional torch tensors and returns tensors on the handler's
+device (:class:`OnnxModel` for ONNX), so the default ``inference``, and a handler's own that
+calls ``self.model(*inputs)``, serve every format.
+
+An exported model accepts only the input sizes it was exported for: a dimension left fixed
+(``torch.export``'s guard, ONNX Runtime's "Got: 2 Expected: 7", AOTInductor's check when
+``AOTI_RUNTIME_CHECK_INPUTS=1``) refuses any other size. The loaders turn that refusal into an
+:class:`ArtifactShapeError` naming the file, the input and the dimension, with the command that
+re-exports it with that dimension dynamic (:func:`shape_refusal`).
 
 =============  =============================================  ==============================
 format         files                                          loader
@@ -21,17 +31,31 @@ export         ``.pt2`` ``torch.export`` program              torch.export.load(
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
+import re
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from handlerkit._optional import require
-from handlerkit.errors import ModelLoadError
+from handlerkit.errors import HandlerkitError, ModelLoadError
 
-__all__ = ["FORMATS", "STATE_DICT_FIX", "LoadedModel", "OnnxModel", "detect_format", "export_model", "load_model"]
+__all__ = [
+    "FORMATS",
+    "STATE_DICT_FIX",
+    "ArtifactShapeError",
+    "LoadedModel",
+    "OnnxModel",
+    "detect_format",
+    "export_model",
+    "input_names",
+    "load_model",
+    "shape_refusal",
+]
 
 FORMATS = ("eager", "torchscript", "onnx", "aoti", "aoti-so", "export")
 
@@ -45,6 +69,146 @@ class LoadedModel:
     loader: str
     path: str | None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ an input size an artifact refuses
+class ArtifactShapeError(HandlerkitError, RuntimeError):
+    """A saved model refused an input's size because it was exported for another.
+
+    A ``RuntimeError`` too, as the refusals of ``torch.export`` and AOTInductor it replaces were
+    caught as such. ``fix`` says how to re-export the model with those dimensions dynamic.
+
+    Attributes:
+        artifact: the model file's name (``model.onnx``).
+        input / dim / expected / got: the first dimension refused: the input's name
+            (``forward``'s parameter; ``input 1`` when unknown), the dimension's index (0 is
+            the batch), what the file takes (``"= 7"``, ``"<= 1024"``), the size the call gave
+            (None when unknown).
+        refused: every dimension refused that is known, as ``(input, dim, expected, got)``.
+    """
+
+    def __init__(self, message: str, *, fix: str, artifact: str, refused: list[tuple[str, int, str, int | None]]):
+        super().__init__(message, fix=fix)
+        self.artifact = artifact
+        self.refused = refused
+        self.input, self.dim, self.expected, self.got = refused[0]
+
+
+_OPS = {"==": "=", "<=": "<=", ">=": ">=", "<": "<", ">": ">"}
+_FLIPPED = {"<=": ">=", ">=": "<=", "<": ">", ">": "<", "==": "=="}
+# What each runtime says when a dimension does not fit (ONNX Runtime's InvalidArgument,
+# torch.export's guard, AOTInductor's input check with AOTI_RUNTIME_CHECK_INPUTS=1).
+_REFUSALS = (
+    re.compile(
+        r"Got invalid dimensions for input: (?P<name>\S+) for the following indices\s+"
+        r"index: (?P<dim>\d+) Got: (?P<got>\d+) Expected: (?P<expected>\d+)"
+    ),
+    re.compile(r"Guard failed: (?P<name>\w+)\.size\(\)\[(?P<dim>\d+)\] (?P<op>==|<=|>=|<|>) (?P<expected>\d+)\s*$"),
+    re.compile(r"Guard failed: (?P<expected>\d+) (?P<rop>==|<=|>=|<|>) (?P<name>\w+)\.size\(\)\[(?P<dim>\d+)\]\s*$"),
+    re.compile(
+        r"input_handles\[(?P<index>\d+)\]: unmatched dim value at (?P<dim>\d+), expected: (?P<expected>\d+), "
+        r"but got: (?P<got>\d+)"
+    ),
+    re.compile(
+        r"input_handles\[(?P<index>\d+)\]: dim value is too (?:large|small) at (?P<dim>\d+), expected to be "
+        r"(?P<op><=|>=) (?P<expected>\d+), but got: (?P<got>\d+)"
+    ),
+)
+#: The lab format that re-exports a loaded format (the legacy .so is re-saved as a .pt2 package).
+_LAB_FORMAT = {"onnx": "onnx", "export": "export", "aoti": "aoti", "aoti-so": "aoti"}
+
+
+def shape_refusal(
+    exc: BaseException,
+    path: str | None,
+    fmt: str,
+    names: list[str] | None,
+    inputs: tuple = (),
+    fixed: list[dict[int, int]] | None = None,
+) -> ArtifactShapeError | None:
+    """The :class:`ArtifactShapeError` for ``exc`` when it is a runtime's refusal of an input
+    size (else None): the file ``path`` of format ``fmt`` (one of :data:`FORMATS`), its inputs'
+    ``names`` (by position; None when unknown), the ``inputs`` of the call that failed, and
+    the sizes the file fixes (per input, dim -> size; None when unknown), so that every
+    dimension refused is named, not only the first the runtime checked."""
+    text = str(exc)
+    for pattern in _REFUSALS:
+        found = pattern.search(text)
+        if found is not None:
+            break
+    else:
+        return None
+    parts = found.groupdict()
+    dim = int(parts["dim"])
+    names = list(names or [])
+    if parts.get("index") is not None:
+        index: int | None = int(parts["index"])
+        name = names[index] if index < len(names) else f"input {index}"
+    else:
+        name = parts["name"]
+        index = names.index(name) if name in names else None
+    op = _FLIPPED[parts["rop"]] if parts.get("rop") else parts.get("op") or "=="
+    got = int(parts["got"]) if parts.get("got") else _size(inputs, index, dim)
+    refused = [(name, dim, f"{_OPS[op]} {parts['expected']}", got)]
+    for i, sizes in enumerate(fixed or []):
+        for d, size in sizes.items():
+            actual = _size(inputs, i, d)
+            key = names[i] if i < len(names) else f"input {i}"
+            if actual is not None and actual != size and (key, d) != (name, dim):
+                refused.append((key, d, f"= {size}", actual))
+    position = {n: i for i, n in enumerate(names)}
+    refused.sort(key=lambda r: (position.get(r[0], len(names)), r[1]))
+    artifact = os.path.basename(path) if path else f"the {fmt} model"
+    exported = " and ".join(f"{n} dim {d} {e}" for n, d, e, _ in refused)
+    gives = [str(g) for *_, g in refused if g is not None]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return ArtifactShapeError(
+        f"{artifact} was exported for {exported}"
+        + (f"; this call gives {' and '.join(gives)}" if len(gives) == len(refused) else "")
+        + f" ({first})",
+        fix=_reexport_fix(path, fmt, [(n, d) for n, d, *_ in refused]),
+        artifact=artifact,
+        refused=refused,
+    )
+
+
+def _size(inputs: tuple, index: int | None, dim: int) -> int | None:
+    shape = getattr(inputs[index], "shape", None) if index is not None and index < len(inputs) else None
+    return int(shape[dim]) if shape is not None and dim < len(shape) else None
+
+
+def _reexport_fix(path: str | None, fmt: str, refused: list[tuple[str, int]]) -> str:
+    lab = _LAB_FORMAT.get(fmt, fmt)
+    model_dir = os.path.dirname(path) if path else "MODEL_DIR"
+    command = f"handlerkit formats {model_dir} FILES --formats {lab} --save {lab} --replace"
+    others = [(name.split()[-1], dim) for name, dim in refused if dim != 0]  # "input 1": the lab takes positions
+    if not others:
+        return (
+            f"re-export it with a dynamic batch: {command} (in a notebook: h.compare_formats(batch, save={lab!r}, "
+            "replace=True)); or send batches of the size it was exported for"
+        )
+    wanted: dict[str, list[int]] = {}
+    for name, dim in others:
+        wanted.setdefault(name, []).append(dim)
+    declared = "{" + ", ".join(f"{int(n) if n.isdigit() else repr(n)}: {ds}" for n, ds in wanted.items()) + "}"
+    labels = " and ".join(f"{name} dim {dim}" for name, dim in others)
+    return (
+        f"re-export it with {labels} dynamic: {command} --dynamic {','.join(f'{n}:{d}' for n, d in others)} "
+        f"(in a notebook: h.compare_formats(batch, save={lab!r}, replace=True, dynamic_shapes={declared})); FILES "
+        "whose requests differ in those sizes make the lab find them by itself"
+    )
+
+
+def input_names(model: Any, count: int) -> list[str]:
+    """The names of ``model``'s first ``count`` inputs: its ``forward``'s positional parameters
+    (what the exporters call them), ``input_<i>`` past them (``*args``)."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (AttributeError, TypeError, ValueError):
+        parameters = []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    named = [p.name for p in parameters if p.kind in positional]
+    return [named[i] if i < len(named) else f"input_{i}" for i in range(count)]
 
 
 def detect_format(model_pt_path: str | None, model_file: str | None, aot_compile: bool = False) -> str:
@@ -295,14 +459,20 @@ class OnnxModel:
     """An onnxruntime session that is called like a torch module: tensors in, tensors out.
 
     Inputs are matched to the session's inputs by position; outputs come back as one tensor
-    (single output) or a tuple, on ``device``.
+    (single output) or a tuple, on ``device``. An input size the file was not exported for is
+    an :class:`ArtifactShapeError` (ONNX Runtime's ``InvalidArgument`` chained to it).
     """
 
-    def __init__(self, session: Any, device: Any):
+    def __init__(self, session: Any, device: Any, path: str | None = None):
         self.session = session
         self.device = device
+        self.path = path
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
+        # The sizes the file fixes (a symbolic dimension is a name, not an int).
+        self.fixed_dims = [
+            {d: size for d, size in enumerate(i.shape or []) if isinstance(size, int)} for i in session.get_inputs()
+        ]
 
     def __call__(self, *inputs: Any) -> Any:
         import torch
@@ -315,7 +485,14 @@ class OnnxModel:
             name: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
             for name, x in zip(self.input_names, inputs)
         }
-        outputs = [torch.from_numpy(o).to(self.device) for o in self.session.run(None, feed)]
+        try:
+            results = self.session.run(None, feed)
+        except Exception as exc:
+            refusal = shape_refusal(exc, self.path, "onnx", self.input_names, inputs, self.fixed_dims)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        outputs = [torch.from_numpy(o).to(self.device) for o in results]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def eval(self) -> OnnxModel:
@@ -329,6 +506,49 @@ class OnnxModel:
         return f"OnnxModel(inputs={self.input_names}, outputs={self.output_names}, providers={self.session.get_providers()})"
 
 
+class _ShapeChecked:
+    """A compiled model (AOTInductor's) whose refusal of an input size is an :class:`ArtifactShapeError`;
+    every other attribute is the model's."""
+
+    def __init__(self, model: Any, path: str, fmt: str, names: list[str] | None) -> None:
+        self._model, self._path, self._format, self._names = model, path, fmt, names
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._model(*args, **kwargs)
+        except RuntimeError as exc:
+            refusal = shape_refusal(exc, self._path, self._format, self._names, args)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __repr__(self) -> str:
+        return repr(self._model)
+
+
+def _checked_forward(module: Any, path: str, names: list[str], fixed: list[dict[int, int]]) -> Any:
+    """``module`` (a ``torch.export`` program's module) with its guard failures turned into
+    :class:`ArtifactShapeError`. The forward is wrapped on the instance, so the module stays the
+    ``nn.Module`` it is (its parameters are still found, ``.to`` still moves it)."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return forward(*args, **kwargs)
+        except AssertionError as exc:  # torch._assert: "Guard failed: item_ids.size()[1] == 7"
+            refusal = shape_refusal(exc, path, "export", names, args, fixed)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    module.forward = checked
+    return module
+
+
 def _load_onnx(path: str, device: Any) -> LoadedModel:
     ort = require("onnxruntime", feature="loading .onnx models", extra="onnx")
     wanted = onnx_providers(device)
@@ -340,7 +560,7 @@ def _load_onnx(path: str, device: Any) -> LoadedModel:
     except Exception as exc:
         raise ModelLoadError(f"onnxruntime could not open {path}: {exc}", path=path) from exc
     details = {"providers_wanted": wanted, "providers": session.get_providers()}
-    return LoadedModel(OnnxModel(session, device), "onnx", "onnxruntime.InferenceSession", path, details)
+    return LoadedModel(OnnxModel(session, device, path), "onnx", "onnxruntime.InferenceSession", path, details)
 
 
 def _load_aoti(path: str, device: Any) -> LoadedModel:
@@ -353,7 +573,9 @@ def _load_aoti(path: str, device: Any) -> LoadedModel:
             model = torch._inductor.aoti_load_package(path)
     except Exception as exc:
         raise ModelLoadError(f"torch._inductor.aoti_load_package({path!r}) failed: {exc}", path=path) from exc
-    return LoadedModel(model, "aoti", "torch._inductor.aoti_load_package", path, _aoti_details())
+    names = model.get_metadata().get(_AOTI_NAMES) if hasattr(model, "get_metadata") else None
+    checked = _ShapeChecked(model, path, "aoti", names.split(",") if names else None)
+    return LoadedModel(checked, "aoti", "torch._inductor.aoti_load_package", path, _aoti_details())
 
 
 def _load_aoti_so(path: str, device: Any) -> LoadedModel:
@@ -369,7 +591,7 @@ def _load_aoti_so(path: str, device: Any) -> LoadedModel:
         **_aoti_details(),
         "deprecated": "legacy .so path; prefer a .pt2 package (torch._inductor.aoti_compile_and_package)",
     }
-    return LoadedModel(model, "aoti-so", "torch._export.aot_load", path, details)
+    return LoadedModel(_ShapeChecked(model, path, "aoti-so", None), "aoti-so", "torch._export.aot_load", path, details)
 
 
 def _aoti_details() -> dict[str, Any]:
@@ -394,13 +616,27 @@ def _load_export(path: str, device: Any) -> LoadedModel:
     module = program.module()
     with contextlib.suppress(Exception):  # already on the right device when it is the CPU
         module = module.to(device)
+    module = _checked_forward(module, path, list(program.graph_signature.user_inputs), _fixed_sizes(program))
     return LoadedModel(module, "export", "torch.export.load(...).module()", path, {"checks_input_shapes": True})
+
+
+def _fixed_sizes(program: Any) -> list[dict[int, int]]:
+    """The sizes a ``torch.export`` program fixes, per user input (a dynamic size is symbolic)."""
+    user = set(program.graph_signature.user_inputs)
+    fixed = []
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in user:
+            shape = getattr(node.meta.get("val"), "shape", ())
+            fixed.append({d: int(size) for d, size in enumerate(shape) if isinstance(size, int)})
+    return fixed
 
 
 # With AOTI_RUNTIME_CHECK_INPUTS=1 at run time, AOTInductor checks input shapes, and by default
 # checks a dynamic dimension against torch.export's lower bound of 2 (sizes 0 and 1 are
 # specialised): a batch of 1 would be refused. Dims declared with min=1 must accept 1.
 _AOTI_CONFIGS = {"aot_inductor.check_lowerbound": False}
+#: The package metadata key holding the inputs' names (AOTInductor's own errors say input_handles[1]).
+_AOTI_NAMES = "handlerkit.input_names"
 
 
 def export_model(
@@ -410,9 +646,14 @@ def export_model(
     fmt: str,
     *,
     dynamic_batch: bool = True,
+    dynamic_dims: Mapping[int, Iterable[int]] | None = None,
     torchscript: str = "trace",
 ) -> str:
     """Write ``model`` in format ``fmt`` so handlerkit and TorchServe can load it.
+
+    The inputs are named after ``forward``'s parameters (:func:`input_names`): ONNX Runtime and
+    ``torch.export`` name them so in their errors, and an AOTInductor package keeps them in
+    its metadata.
 
     Args:
         model: an ``nn.Module`` (put in eval mode here).
@@ -421,6 +662,9 @@ def export_model(
             ``.so`` for aoti-so, a state_dict ``.pt`` for eager).
         fmt: one of :data:`FORMATS`.
         dynamic_batch: let the batch dimension vary (export, onnx, aoti).
+        dynamic_dims: input position -> its other dimensions that may vary (export, onnx, aoti;
+            ``torch.export.Dim.DYNAMIC``, so the exporter works out which of them are equal
+            and fails when the model fixes one). TorchScript has no such setting.
         torchscript: ``"trace"`` (runs ``example_inputs`` once and records the operations:
             a branch on a tensor's value is frozen as taken) or ``"script"`` (compiles the
             Python source, branches kept; fails on Python TorchScript does not support).
@@ -430,7 +674,7 @@ def export_model(
 
     Raises:
         ImportError: ``fmt="onnx"`` without onnx and onnxscript (the message names the pip command).
-        ValueError: an unknown format or ``torchscript`` value.
+        ValueError: an unknown format or ``torchscript`` value, or a dimension an input does not have.
     """
     import torch
 
@@ -438,15 +682,23 @@ def export_model(
         raise ValueError(f"torchscript must be 'trace' or 'script': got {torchscript!r}")
     path = os.fspath(path)
     model = model.eval()
-    if dynamic_batch:
-        # torch.export specialises a dimension whose example size is 0 or 1, so a batch-1
-        # example cannot be marked dynamic: trace with the example repeated to a batch of 2.
-        example_inputs = tuple(
-            torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1 else x
-            for x in example_inputs
-        )
+    dims = {int(i): sorted({int(d) for d in ds}) for i, ds in (dynamic_dims or {}).items()}
+    for i, ds in dims.items():
+        rank = example_inputs[i].dim() if i < len(example_inputs) else -1
+        if any(d < 1 or d >= rank for d in ds):
+            raise ValueError(f"dynamic_dims {{{i}: {ds}}}: input {i} has dims 1 to {rank - 1} besides the batch")
+    # torch.export specialises a dimension whose example size is 0 or 1, so a size-1 example
+    # cannot be marked dynamic: trace with it repeated to 2 (a batch of 1, a list of one item).
+    varying = {i: ([0] if dynamic_batch else []) + dims.get(i, []) for i in range(len(example_inputs))}
+    example_inputs = tuple(_doubled(x, varying[i]) for i, x in enumerate(example_inputs))
     batch = torch.export.Dim("batch", min=1, max=1024)
-    dynamic_shapes: Any = tuple({0: batch} for _ in example_inputs) if dynamic_batch else None
+    dynamic_shapes: Any = None
+    if dynamic_batch or dims:
+        dynamic_shapes = tuple(
+            {**({0: batch} if dynamic_batch else {}), **dict.fromkeys(dims.get(i, []), torch.export.Dim.DYNAMIC)}
+            for i in range(len(example_inputs))
+        )
+    names = input_names(model, len(example_inputs))
     if fmt == "eager":
         torch.save(model.state_dict(), path)
     elif fmt == "torchscript":
@@ -457,7 +709,6 @@ def export_model(
         # torch.onnx.export's (default) dynamo exporter writes the file with onnxscript and onnx.
         for module in ("onnx", "onnxscript"):
             require(module, feature="exporting to ONNX", extra="onnx")
-        names = [f"input_{i}" for i in range(len(example_inputs))]
         # One self-contained file (weights inside, not in a "<file>.data" beside it that the model
         # names by its first file name): the file can be copied, renamed and named by a manifest.
         # Protobuf limits such a file to 2 GB.
@@ -475,7 +726,8 @@ def export_model(
         if fmt == "export":
             torch.export.save(program, path)
         else:
-            torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=_AOTI_CONFIGS)
+            configs = {**_AOTI_CONFIGS, "aot_inductor.metadata": {_AOTI_NAMES: ",".join(names)}}
+            torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
     elif fmt == "aoti-so":
         import torch._export
 
@@ -488,3 +740,15 @@ def export_model(
     else:
         raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
     return path
+
+
+def _doubled(x: Any, dims: list[int]) -> Any:
+    """``x`` repeated along each of ``dims`` where its size there is 1."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        return x
+    for d in dims:
+        if d < x.dim() and x.shape[d] == 1:
+            x = torch.cat([x, x], dim=d)
+    return x

@@ -87,7 +87,7 @@ def test_onnx_runs_through_the_default_inference(fast_format_dirs):
     assert isinstance(out, torch.Tensor) and out.shape == (2, 3) and out.device.type == "cpu"
     with pytest.raises(TypeError, match=r"takes 1 input"):
         handler.model(torch.zeros(1, 4), torch.zeros(1, 4))
-    assert "input_0" in repr(handler.model)
+    assert "inputs=['x']" in repr(handler.model)  # named after forward's parameter
 
 
 def test_export_checks_input_shapes(fast_format_dirs):

@@ -12,8 +12,19 @@ The handler's model (its eager ``nn.Module``) is exported to each format asked f
    (the model output's max abs difference, and the answers within ``atol``/``rtol``);
 3. the batch sizes the model accepts: 1, the batch's size and one more, each checked
    against the eager model on the same rows;
-4. the steady state: every format's inference stage timed side by side, in an order that
+4. the other input dimensions it accepts: those the batch varies (its requests run alone
+   give other sizes than the batch: the ranker's item lists) or that ``dynamic_shapes=`` (or
+   the model config's ``handler: {dynamic_shapes: ...}``) declares are exported dynamic where
+   the format has the setting, and tried with other sizes (:mod:`._format_shapes`);
+5. the steady state: every format's inference stage timed side by side, in an order that
    rotates from round to round, so a machine that slows down does not favour one format.
+
+``save=FORMAT`` saves a format only once the saved dir serves: the save is made in a copy of
+the model dir, opened afresh as a server would, and the batch, its requests alone and the
+batch with its varying dimensions longer must get eager's answers through the handler's own
+code (:func:`._format_export.serve_check`); otherwise the report says why (the dimension the
+file does not take, or the handler's line that cannot call the model as the dir loads it) and
+the model dir is left as it was.
 
 A format that does not export is reported with the exporter's error, the line of the model
 that stopped it (:mod:`._format_export`) and a fix. The handler is left as found: its model is
@@ -26,7 +37,7 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,11 +46,14 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._text import format_bytes, suggestion
 from handlerkit.diagnostics._compile_gate import eager_model
-from handlerkit.diagnostics._format_export import ExportFailure, make, quiet, save_dir, save_made
+from handlerkit.diagnostics._format_export import Case, ExportFailure, Refusal, make, quiet, save_dir, save_made
+from handlerkit.diagnostics._format_shapes import Dims, Probe, accepted, configured_dims, plan_dims, probes, run_alone
+from handlerkit.diagnostics._format_shapes import shown as shown_dims
 from handlerkit.diagnostics._view import HarnessView, model_handler
 from handlerkit.diagnostics.runs import diagnostic_runs
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError
+from handlerkit.formats import input_names
 
 __all__ = ["DEFAULT_FORMATS", "LAB_FORMATS", "FormatReport", "FormatRow", "compare_formats"]
 
@@ -59,6 +73,11 @@ class FormatRow:
         how: how it was made, e.g. ``"torch.jit.script"``, ``"torch.jit.trace (script failed: ...)"``.
         dynamic_batch: the artifact was exported with a dynamic batch dimension (None: the
             format has no such setting).
+        dynamic_dims: the other dimensions exported dynamic, e.g. ``["item_ids dim 1"]`` (None:
+            the format has no such setting).
+        dims: input name -> what each dimension took: ``"batch"``, ``"*"`` (other sizes gave
+            eager's outputs), ``"=7"`` (only the batch's size), ``"7"`` (the batch's, not varied).
+        fixed_dims: one sentence per dimension it did not take, with the sizes refused.
         failure: why it did not export: the error, the model's line that stopped it, the fix.
         max_abs_diff: the largest absolute difference of the model's output from eager's.
         answers_agree: the handler's final answers are eager's, within the tolerance.
@@ -78,6 +97,9 @@ class FormatRow:
     exported: bool = False
     how: str = ""
     dynamic_batch: bool | None = None
+    dynamic_dims: list[str] | None = None
+    dims: dict[str, list[str]] = field(default_factory=dict)
+    fixed_dims: list[str] = field(default_factory=list)
     failure: ExportFailure | None = None
     max_abs_diff: float | None = None
     answers_agree: bool | None = None
@@ -122,7 +144,9 @@ class FormatReport(Rendered):
         repeat / warmup: steady-state calls timed, and discarded before, per format.
         atol / rtol: the tolerance the answers are compared with.
         notes: facts worth reading next to the numbers.
+        dims: the model's inputs and which of their dimensions vary besides the batch.
         saved: the format saved into the model dir (``save=``), or None.
+        refused: why ``save=`` did not save (its reason and fix), or None.
     """
 
     handler: str
@@ -134,7 +158,9 @@ class FormatReport(Rendered):
     atol: float = 1e-4
     rtol: float = 1e-4
     notes: list[str] = field(default_factory=list)
+    dims: Dims | None = None
     saved: Any = None
+    refused: Refusal | None = None
 
     @property
     def ok(self) -> bool:
@@ -169,7 +195,9 @@ class FormatReport(Rendered):
             "best": None if best is None else best.format,
             "rows": [row.to_dict() for row in self.rows],
             "notes": list(self.notes),
+            "dims": None if self.dims is None else self.dims.to_dict(),
             "saved": None if self.saved is None else self.saved.to_dict(),
+            "refused": None if self.refused is None else self.refused.to_dict(),
         }
 
     def _summary(self) -> str:
@@ -181,6 +209,8 @@ class FormatReport(Rendered):
             parts.append(f"not exported: {', '.join(failed)}")
         if differ:
             parts.append(f"answers differ or fail: {', '.join(differ)}")
+        if self.refused is not None:
+            parts.append(f"not saved: {self.refused.reason}")
         return f"formats of {self.handler} (batch {self.batch_size}, {self.device}): " + "; ".join(parts)
 
     def _tables(self) -> list[Table]:
@@ -210,6 +240,7 @@ class FormatReport(Rendered):
         headers = ("format", "exported", "answers", "max abs diff", "export s", "first call ms", "median ms",
                    "speedup", "peak memory", "size", "batch sizes")  # fmt: skip
         how = [[r.format, r.how, _dynamic(r)] for r in self.rows if r.exported]
+        dims = [[r.format, shown_dims(r.dims), "; ".join(r.fixed_dims)] for r in self.rows if r.dims]
         failures = [
             [r.format, r.failure.error, r.failure.where, r.failure.source, r.failure.fix]
             for r in self.rows
@@ -218,7 +249,8 @@ class FormatReport(Rendered):
         errors = [[r.format, r.error or r.difference] for r in self.rows if r.error or r.difference]
         return [
             Table(headers, rows),
-            Table(("format", "how", "batch dimension"), how, "how each was made", wrap=60),
+            Table(("format", "how", "dynamic dimensions"), how, "how each was made", wrap=60),
+            Table(("format", "input dimensions", "fixed"), dims, "the dimensions each takes", wrap=60),
             Table(("format", "error", "at", "source", "fix"), failures, "not exported", wrap=48),
             Table(("format", "what went wrong"), errors, "differences and errors", wrap=80),
         ]
@@ -238,7 +270,8 @@ def _agreement(row: FormatRow) -> str:
 def _dynamic(row: FormatRow) -> str:
     if row.dynamic_batch is None:
         return "no setting (sizes tried)"
-    return "dynamic" if row.dynamic_batch else "fixed (dynamic failed)"
+    dynamic = (["batch"] if row.dynamic_batch else []) + (row.dynamic_dims or [])
+    return ", ".join(dynamic) if dynamic else "none: fixed (dynamic failed)"
 
 
 # ---------------------------------------------------------------------------- running
@@ -254,6 +287,7 @@ def compare_formats(
     directory: str | os.PathLike[str] | None = None,
     save: str | None = None,
     replace: bool = False,
+    dynamic_shapes: Mapping[str | int, Sequence[int]] | None = None,
     progress: bool | None = None,
 ) -> FormatReport:
     """Run ``batch`` through the handler with its model in each format (see the module docstring).
@@ -264,17 +298,25 @@ def compare_formats(
         repeat / warmup: steady-state inference calls timed, and discarded before, per format.
         atol / rtol: the tolerance of "the same answers".
         directory: where to write the artifacts (default: a temporary directory, removed after).
-        save: a format to save into the handler's model dir when its answers agree
+        save: a format to save into the handler's model dir when its answers agree and the
+            saved dir, opened afresh, serves the batch's sizes through the handler
             (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``);
             ``onnx``, ``export`` and ``aoti`` warn that TorchServe's own BaseHandler does not serve them.
         replace: with ``save``, delete the files of earlier saves (never the original weights).
+        dynamic_shapes: the model's input dimensions that vary besides the batch, exported
+            dynamic: input name (``forward``'s parameter) or position -> dims, e.g.
+            ``{"item_ids": [1], "mask": [1]}``; an input named here takes these in place of
+            what the batch shows (``[]``: none). Default: the model config's
+            ``handler: {dynamic_shapes: ...}``, else what the batch shows.
         progress: a progress bar (None: when someone is watching).
 
     Raises:
-        ValueError: an unknown format, or bad ``repeat`` / ``warmup``.
+        ValueError: an unknown format, bad ``repeat`` / ``warmup``, or ``dynamic_shapes`` naming
+            an input or dimension the model does not have.
         HandlerkitError: a function handler, a model that is no ``nn.Module``, or a handler
             whose ``handle`` does not call ``inference`` once per batch; with ``save``, a model
             opened from an archive, or a file in the model dir that saving would overwrite.
+        ConfigError: the model config's ``handler.dynamic_shapes`` does not validate.
         StageError: the batch fails with the handler's own eager model.
     """
     names = _format_names(formats)
@@ -284,12 +326,14 @@ def compare_formats(
     if repeat < 1 or warmup < 0:
         raise ValueError(f"repeat must be >= 1 and warmup >= 0: got repeat={repeat}, warmup={warmup}")
     handler = model_handler(view, "compare_formats")
+    declared, source = (dynamic_shapes, "dynamic_shapes=") if dynamic_shapes is not None else configured_dims(view)
     report = FormatReport(view.name, len(batch), repeat=repeat, warmup=warmup, atol=atol, rtol=rtol)
     with (
         diagnostic_runs(view),
         _workdir(directory) as workdir,
         Bar(len(names) * 3, f"formats of {view.name}", progress) as bar,
         warnings.catch_warnings(),
+        _aoti_input_checks(),
     ):
         warnings.simplefilter("ignore")  # TorchScript's and the exporters' deprecation chatter
         own = handler.model
@@ -299,12 +343,15 @@ def compare_formats(
         try:
             with _swapped(handler, eager):
                 reference = view.run(batch)
+                alone = run_alone(view, batch)
             data, inputs = _model_inputs(view, reference)
+            report.dims = dims = plan_dims(input_names(eager, len(inputs)), inputs, alone, declared, source)
+            found = probes(dims, data, inputs, alone)
             report.rows.append(FormatRow("eager", exported=True, how=f"{type(eager).__name__} (the handler's model)"))
             models["eager"] = eager
             for fmt in names[1:]:
                 bar.set_description(f"formats of {view.name}: exporting {fmt}")
-                made = make(fmt, eager, inputs, workdir, handler)
+                made = make(fmt, eager, inputs, workdir, handler, dims)
                 report.rows.append(FormatRow(fmt, **made.facts()))
                 if made.model is not None:
                     models[fmt] = made.model
@@ -316,23 +363,77 @@ def compare_formats(
                     with quiet(said):
                         _first_calls(row, models[row.format], view, batch, data, reference, atol, rtol)
                         _batch_sizes(row, models[row.format], eager, inputs, len(batch), atol, rtol)
+                        batch_ok = all(outcome == "ok" for outcome in row.batch_sizes.values())
+                        taken = accepted(models[row.format], eager, dims, found, batch_ok, atol, rtol)
+                        row.dims, row.fixed_dims = taken.dims, taken.refused
                     row.log = "".join(said)
                 bar.update()
             bar.set_description(f"formats of {view.name}: steady state")
             _steady(report, models, handler, data, warmup, repeat)
             if save is not None:
-                report.saved, note = save_made(report.row(save), model_dir, workdir, handler, replace)
+                bar.set_description(f"formats of {view.name}: serving the saved {save}")
+                cases = _cases(handler, eager, batch, reference, alone, found)
+                report.saved, note, report.refused = save_made(
+                    report.row(save), model_dir, workdir, view, replace, cases, dims, (atol, rtol)
+                )
                 report.notes.append(note)
             bar.update(len(names))
         finally:
             handler.model = own
     if report.saved is not None:
         report.saved.warn_if_not_torchserve()  # here: the lab ignores warnings while it runs
+    if report.dims is not None and report.dims.dynamic:
+        report.notes.append(
+            f"input dimensions that vary besides the batch: {report.dims.describe()}; exported dynamic where the "
+            "format has the setting, and tried with other sizes (* in 'the dimensions each takes')"
+        )
+    if report.dims is not None and report.dims.fixed():
+        report.notes.append(
+            f"{report.dims.source} keeps {', '.join(report.dims.fixed())} fixed, though the batch's requests vary them"
+        )
     if any(row.log for row in report.rows):
         report.notes.append("what the exporters printed, logged or warned is kept in each row's .log")
     if report.rows and report.rows[0].first_call_ms is not None:
         report.notes.append("eager's first call is not fresh: the reference run called the model before it")
     return report
+
+
+def _cases(handler: Any, eager: Any, batch: Any, reference: Any, alone: list, found: list[Probe]) -> list[Case]:
+    """What the saved dir must answer as eager did: the batch, each request alone whose sizes
+    differ, and the batch made longer (through the handler's inference)."""
+    import torch
+
+    runs = dict(alone)
+    singles = batch.split() if found else []
+    cases = [Case("the batch", reference.output, batch=batch)]
+    for probe in found:
+        if probe.request is not None:
+            single = singles[probe.request]
+            cases.append(Case(probe.label, runs[probe.request].output, batch=single, changed=probe.changed))
+            continue
+        try:
+            with _swapped(handler, eager), torch.inference_mode():
+                expected = handler.inference(probe.data)
+        except Exception:  # the handler's own code does not take these sizes: nothing to ask of the saved dir
+            continue
+        cases.append(Case(probe.label, expected, data=probe.data, changed=probe.changed))
+    return cases
+
+
+@contextlib.contextmanager
+def _aoti_input_checks() -> Iterator[None]:
+    """``AOTI_RUNTIME_CHECK_INPUTS=1`` while the lab runs: an AOTInductor model reads it at its
+    first call, and unchecked it runs sizes it was not compiled for on memory it does not own,
+    where the lab tries other sizes on purpose. Put back after, for the process's own models."""
+    before = os.environ.get("AOTI_RUNTIME_CHECK_INPUTS")
+    os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["AOTI_RUNTIME_CHECK_INPUTS"]
+        else:
+            os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = before
 
 
 def _format_names(formats: Sequence[str] | None) -> list[str]:
