@@ -10,6 +10,7 @@ from typing import Any
 from handlerkit.cli._common import (
     FAILED,
     OK,
+    InputError,
     Outcome,
     header,
     jsonable,
@@ -99,20 +100,21 @@ def _dynamic_dims(text: str) -> dict[str | int, list[int]]:
 
 def command(args: argparse.Namespace) -> Outcome:
     if args.replace and args.save is None:
-        from handlerkit.cli._common import InputError
-
         raise InputError("--replace deletes earlier saves when --save FORMAT saves a new one: give --save too")
     with loaded_batch(args) as (model, batch):
-        report = model.harness.compare_formats(
-            batch,
-            formats=args.formats,
-            repeat=args.repeat,
-            warmup=args.warmup,
-            save=args.save,
-            replace=args.replace,
-            dynamic_shapes=args.dynamic,
-            progress=args.progress,
-        )
+        try:
+            report = model.harness.compare_formats(
+                batch,
+                formats=args.formats,
+                repeat=args.repeat,
+                warmup=args.warmup,
+                save=args.save,
+                replace=args.replace,
+                dynamic_shapes=args.dynamic,
+                progress=args.progress,
+            )
+        except ValueError as exc:  # the lab's arguments: --dynamic naming an input the model does not take
+            raise InputError(str(exc).replace("dynamic_shapes=", "--dynamic", 1)) from exc
         ok = report.ok and (args.save is None or report.saved is not None)
         data = {"model": model.label, **jsonable(report.to_dict()), "ok": ok}
         return Outcome(OK if ok else FAILED, f"{header(model)}\n{report}", data)

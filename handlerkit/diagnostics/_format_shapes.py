@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from handlerkit._compare import same_output
 
@@ -142,7 +142,8 @@ def plan_dims(
     (input name or position -> dims) replaces what was seen for the inputs it names.
 
     Raises:
-        ValueError: ``declared`` names an input the model does not take, or a dim it does not have.
+        ValueError: ``declared`` names an input the model does not take, or a dim it does not have
+            (ConfigError when ``declared`` is the model config's).
     """
     import torch
 
@@ -163,9 +164,10 @@ def plan_dims(
         rank = len(dims.sample[index])
         bad = [d for d in wanted if not isinstance(d, int) or d < 1 or d >= rank]
         if bad:
-            raise ValueError(
+            _refuse(
                 f"{source or 'dynamic_shapes'}: {dims.names[index]} has dims 1 to {rank - 1} besides the batch "
-                f"(its shape in the batch is {list(dims.sample[index])}), not {bad}"
+                f"(its shape in the batch is {list(dims.sample[index])}), not {bad}",
+                source,
             )
         dims.declared[index] = sorted(set(wanted))
     return dims
@@ -179,10 +181,20 @@ def _position(key: Any, names: list[str], source: str) -> int:
     from handlerkit._text import suggestion
 
     hint = suggestion(key, names) if isinstance(key, str) else ""
-    raise ValueError(
+    _refuse(
         f"{source or 'dynamic_shapes'} names input {key!r}{hint}, and the model takes {len(names)}: "
-        f"{', '.join(names)} (by name, as forward calls them, or by position from 0)"
+        f"{', '.join(names)} (by name, as forward calls them, or by position from 0)",
+        source,
     )
+
+
+def _refuse(message: str, source: str) -> NoReturn:
+    """A bad declaration: a ConfigError when the model config made it, else a ValueError (an argument)."""
+    if source.startswith("model-config"):
+        from handlerkit.errors import ConfigError
+
+        raise ConfigError(message, fix="name the model's inputs as its forward does, with dims 1 and up")
+    raise ValueError(message)
 
 
 def probes(dims: Dims, data: Any, inputs: tuple, alone: list[tuple[int, Any]]) -> list[Probe]:
