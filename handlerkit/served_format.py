@@ -21,7 +21,7 @@ aoti          ``model.aoti.pt2`` (a package)   hk.BaseHandler only (TorchServe: 
 
 :func:`save_format` writes what it is given. The format lab (``save=``) first makes the same
 save in a copy of the dir and serves requests from the copy through the handler, and saves
-only when they are answered (:mod:`handlerkit.diagnostics._format_export`); a file it saved
+only when they are answered (:mod:`handlerkit.diagnostics.format_lab.saving`); a file it saved
 that meets an input size it was not exported for says so at run time
 (:class:`handlerkit.formats.ArtifactShapeError`).
 

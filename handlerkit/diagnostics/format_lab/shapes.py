@@ -228,8 +228,8 @@ def probes(dims: Dims, data: Any, inputs: tuple, alone: list[tuple[int, Any]]) -
         size = int(longer[i].shape[d])
         if size == 0:
             continue
-        index = torch.arange(size + 1, device=longer[i].device) % size
-        longer[i] = longer[i].index_select(d, index)
+        cycled = torch.arange(size + 1, device=longer[i].device) % size
+        longer[i] = longer[i].index_select(d, cycled)
         changed[(i, d)] = size + 1
     if changed:
         found.append(
