@@ -22,7 +22,7 @@ import handlerkit as hk
 import handlerkit.formats
 from handlerkit._compare import same_output
 from handlerkit.diagnostics.format_lab import DEFAULT_FORMATS, FormatReport, FormatRow
-from handlerkit.errors import HandlerkitError, HandlerkitWarning
+from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning
 from handlerkit.handlers.base import BaseHandler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -357,14 +357,20 @@ def test_a_handler_whose_inference_calls_the_bare_onnx_session_is_refused(tmp_pa
     )
 
 
-def test_dimensions_declared_in_the_model_config_are_exported_dynamic(tmp_path):
-    # Both lists have 4 items: the batch shows nothing varying, the config says item lists do.
+def configured_ranker(tmp_path: Path, dynamic_shapes: str) -> Path:
+    """The ranker with ``handler: {dynamic_shapes: ...}`` in its model config."""
     model_dir = ranker_dir(tmp_path / "recs", base="handlerkit")
-    (model_dir / "model-config.yaml").write_text("handler:\n  dynamic_shapes: {item_ids: [1], mask: [1]}\n")
+    (model_dir / "model-config.yaml").write_text(f"handler:\n  dynamic_shapes: {dynamic_shapes}\n")
     manifest_path = model_dir / "MAR-INF" / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["model"]["configFile"] = "model-config.yaml"
     manifest_path.write_text(json.dumps(manifest))
+    return model_dir
+
+
+def test_dimensions_declared_in_the_model_config_are_exported_dynamic(tmp_path):
+    # Both lists have 4 items: the batch shows nothing varying, the config says item lists do.
+    model_dir = configured_ranker(tmp_path, "{item_ids: [1], mask: [1]}")
     h = hk.Harness.open(model_dir)
     four = [ranker_request(1, [1, 2, 3, 4]), ranker_request(2, [5, 6, 7, 8])]
     with pytest.warns(HandlerkitWarning, match="saved export into recs/"):
@@ -389,6 +395,9 @@ def test_dynamic_shapes_must_name_the_models_inputs(tmp_path):
     with pytest.raises(ValueError, match=r"^dynamic_shapes=: item_ids has dims 1 to 1 besides the batch \(its shape "
                        r"in the batch is \[2, 7\]\), not \[2\]"):  # fmt: skip
         h.compare_formats(ragged_batch(), formats=[], dynamic_shapes={1: [2]})
+    configured = hk.Harness.open(configured_ranker(tmp_path / "configured", "{items: [1]}"))
+    with pytest.raises(ConfigError, match=r"^model-config.yaml handler.dynamic_shapes names input 'items' \(did you"):
+        configured.compare_formats(ragged_batch(), formats=[])
 
 
 @pytest.mark.slow
