@@ -23,9 +23,7 @@ def test_formats_json_reports_each_format_and_exits_0(capsys):
 
 def test_save_writes_the_format_into_the_model_dir(tmp_path, capsys):
     model_dir = Path(shutil.copytree(MODEL, tmp_path / "clf"))
-    code, out, _ = cli(
-        capsys, "formats", model_dir, CIRCLE, "--formats", "eager", "--save", "torchscript", "--repeat", "1"
-    )
+    code, out, _ = cli(capsys, "formats", model_dir, CIRCLE, "--formats", "eager", "--save", "torchscript", "--repeat", "1")
     assert code == 0, out
     assert f"saved torchscript into {model_dir}: model.torchscript.pt" in " ".join(out.split())
     manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())["model"]

@@ -30,7 +30,7 @@ CLASSIFIER = ROOT / "fixtures" / "models" / "image_classifier"
 IMAGES = [ROOT / "fixtures" / "images" / f"{name}.png" for name in ("circle", "cross", "square")]
 
 #: A data-dependent branch on line 11: torch.export and the ONNX exporter refuse it.
-BRANCH_MODEL_PY = """\
+BRANCH_MODEL_PY = '''\
 import torch
 
 
@@ -44,7 +44,7 @@ class Branchy(torch.nn.Module):
         if y.sum() > 0:
             y = y * 2
         return y
-"""
+'''
 BATCH = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]]
 
 
@@ -228,19 +228,17 @@ def test_save_refuses_a_format_that_disagrees_and_an_archive(tmp_path, monkeypat
     report = harness(model_dir).compare_formats(BATCH, formats=[], save="export", repeat=1, warmup=0)
     assert report.saved is None and not report.ok
     assert any(n.startswith(f"export was not saved into {model_dir}: answers differ at [0][0]") for n in report.notes)
-    assert (
-        not (model_dir / "model.export.pt2").exists()
-        and "serializedFile" in json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())["model"]
-    )
+    assert not (model_dir / "model.export.pt2").exists() and "serializedFile" in json.loads(
+        (model_dir / "MAR-INF" / "MANIFEST.json").read_text()
+    )["model"]
+
 
 
 def test_save_refuses_a_model_opened_from_an_archive(tmp_path):
     from handlerkit.archive import build
 
     h = hk.Harness.open(build(CLASSIFIER, tmp_path / "store"))
-    with pytest.raises(
-        HandlerkitError, match=r"save='onnx' writes into the handler's model dir, and .* from an archive"
-    ):
+    with pytest.raises(HandlerkitError, match=r"save='onnx' writes into the handler's model dir, and .* from an archive"):
         h.compare_formats(hk.batch(hk.Request.from_file(IMAGES[0])), save="onnx")
 
 

@@ -117,12 +117,8 @@ def test_export_model_accepts_a_batch_of_one(tmp_path, mlp_reference):
 
 def test_state_dict_without_model_file_is_explained(fast_format_dirs, tmp_path):
     # A state_dict .pt without modelFile: TorchServe tries TorchScript; say what to do.
-    ctx = hk.MockContext(
-        model_dir=fast_format_dirs["eager"], gpu_id=None, manifest={"model": {"serializedFile": "model.pt"}}
-    )
-    with pytest.raises(
-        ModelLoadError, match=r"torch\.jit\.load\(.*model\.pt'\) failed: .*TorchServe reads a \.pt file as TorchScript"
-    ) as info:
+    ctx = hk.MockContext(model_dir=fast_format_dirs["eager"], gpu_id=None, manifest={"model": {"serializedFile": "model.pt"}})
+    with pytest.raises(ModelLoadError, match=r"torch\.jit\.load\(.*model\.pt'\) failed: .*TorchServe reads a \.pt file as TorchScript") as info:
         BaseHandler().initialize(ctx)
     assert info.value.fix == "for a state_dict, add modelFile (the .py that defines the model class) to the manifest"
     assert info.value.path == str(fast_format_dirs["eager"] / "model.pt")
@@ -169,23 +165,16 @@ def test_detect_format_pt2_kinds(fast_format_dirs):
 
 
 def test_detect_format_errors(tmp_path):
-    with pytest.raises(
-        ModelLoadError,
-        match=r"^the manifest names neither a modelFile nor a serializedFile, so there is no model to load\n  fix: ",
-    ) as info:
+    with pytest.raises(ModelLoadError, match=r"^the manifest names neither a modelFile nor a serializedFile, so there is no model to load\n  fix: ") as info:
         detect_format(None, None)
     assert info.value.fix == (
         "add 'serializedFile' (and 'modelFile' for an eager model) to MAR-INF/MANIFEST.json, "
         "or override initialize() in your handler"
     )
-    with pytest.raises(
-        ModelLoadError, match=r"model\.so.*pt2: \{export: \{aot_compile: true\}\}.*that is not set\n  fix: "
-    ) as info:
+    with pytest.raises(ModelLoadError, match=r"model\.so.*pt2: \{export: \{aot_compile: true\}\}.*that is not set\n  fix: ") as info:
         detect_format(str(tmp_path / "model.so"), None)
     assert info.value.fix.startswith("add 'pt2: {export: {aot_compile: true}}' to model-config.yaml")
-    with pytest.raises(
-        ModelLoadError, match=r"serializedFile is 'absent\.pt2' but .*absent\.pt2 does not exist\n  fix: "
-    ) as info:
+    with pytest.raises(ModelLoadError, match=r"serializedFile is 'absent\.pt2' but .*absent\.pt2 does not exist\n  fix: ") as info:
         detect_format(str(tmp_path / "absent.pt2"), None)
     assert info.value.fix == "put the file in the model dir or correct MAR-INF/MANIFEST.json"
     assert info.value.path == str(tmp_path / "absent.pt2")
@@ -202,12 +191,7 @@ def test_detect_format_errors(tmp_path):
 def test_no_error_message_carries_its_fix_as_text(tmp_path):
     # The fix is data (error.fix): messages never spell it "fix:" / "Fix:" themselves.
     (tmp_path / "text.pt2").write_text("not a zip")
-    cases = [
-        (None, None),
-        (str(tmp_path / "model.so"), None),
-        (str(tmp_path / "absent.pt2"), None),
-        (str(tmp_path / "text.pt2"), None),
-    ]
+    cases = [(None, None), (str(tmp_path / "model.so"), None), (str(tmp_path / "absent.pt2"), None), (str(tmp_path / "text.pt2"), None)]
     for serialized, model_file in cases:
         with pytest.raises(ModelLoadError) as info:
             detect_format(serialized, model_file)
@@ -227,9 +211,7 @@ def test_unknown_format_names():
 def test_onnx_without_onnxruntime_names_the_pip_command(fast_format_dirs, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
     path = str(fast_format_dirs["onnx"] / "model.onnx")
-    with pytest.raises(
-        ImportError, match=r"^loading \.onnx models needs onnxruntime: pip install 'handlerkit\[onnx\]'$"
-    ) as info:
+    with pytest.raises(ImportError, match=r"^loading \.onnx models needs onnxruntime: pip install 'handlerkit\[onnx\]'$") as info:
         load_model("onnx", device=torch.device("cpu"), model_dir=str(fast_format_dirs["onnx"]), model_pt_path=path)
     assert isinstance(info.value.__cause__, ImportError)
 
@@ -243,65 +225,27 @@ def test_onnx_export_without_its_packages_names_the_pip_command(tmp_path, monkey
 
 
 def test_eager_load_errors_carry_their_fix(tmp_path):
-    (tmp_path / "model.py").write_text(
-        "import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self, width):\n        super().__init__()\n"
-    )
-    with pytest.raises(
-        ModelLoadError,
-        match=r"Net\(\) \(from .*model\.py\) failed: TypeError.*TorchServe builds the model class with no arguments\n  fix: ",
-    ) as info:
-        load_model(
-            "eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py"
-        )
+    (tmp_path / "model.py").write_text("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self, width):\n        super().__init__()\n")
+    with pytest.raises(ModelLoadError, match=r"Net\(\) \(from .*model\.py\) failed: TypeError.*TorchServe builds the model class with no arguments\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
     assert info.value.fix == "give every constructor argument a default"
     assert info.value.path == str(tmp_path / "model.py")
-    (tmp_path / "model.py").write_text(
-        "import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(2, 2)\n"
-    )
+    (tmp_path / "model.py").write_text("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(2, 2)\n")
     torch.save({"fc.weight": torch.zeros(3, 2)}, tmp_path / "model.pt")
-    with pytest.raises(
-        ModelLoadError,
-        match=r"does not fit Net: missing keys \[fc\.bias\] \(1\); shape mismatches \[fc\.weight: file \(3, 2\) vs model \(2, 2\)\] \(1\)\n  fix: ",
-    ) as info:
-        load_model(
-            "eager",
-            device=torch.device("cpu"),
-            model_dir=str(tmp_path),
-            model_pt_path=str(tmp_path / "model.pt"),
-            model_file="model.py",
-        )
+    with pytest.raises(ModelLoadError, match=r"does not fit Net: missing keys \[fc\.bias\] \(1\); shape mismatches \[fc\.weight: file \(3, 2\) vs model \(2, 2\)\] \(1\)\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
     assert info.value.fix == "ship the model.py the weights were trained with, or re-save the weights from it"
     torch.save([1, 2], tmp_path / "model.pt")
     with pytest.raises(ModelLoadError, match=r"model\.pt holds a list, not a state_dict\n  fix: ") as info:
-        load_model(
-            "eager",
-            device=torch.device("cpu"),
-            model_dir=str(tmp_path),
-            model_pt_path=str(tmp_path / "model.pt"),
-            model_file="model.py",
-        )
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
     assert info.value.fix == "save the weights with torch.save(model.state_dict(), path)"
     (tmp_path / "model.py").write_text("import not_installed_for_handlerkit_formats\n")
-    with pytest.raises(
-        ModelLoadError,
-        match=r"importing modelFile .*model\.py failed: ModuleNotFoundError: No module named 'not_installed_for_handlerkit_formats'\n  fix: ",
-    ) as info:
-        load_model(
-            "eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py"
-        )
-    assert (
-        info.value.fix == "correct model.py (it is imported with the model dir first on sys.path, as TorchServe does)"
-    )
-    (tmp_path / "model.py").write_text(
-        "import torch\n\nclass A(torch.nn.Module):\n    pass\n\nclass B(torch.nn.Module):\n    pass\n"
-    )
-    with pytest.raises(
-        ModelLoadError,
-        match=r"must define exactly one model class; found A, B: TorchServe counts every class defined in it.*\n  fix: ",
-    ) as info:
-        load_model(
-            "eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py"
-        )
+    with pytest.raises(ModelLoadError, match=r"importing modelFile .*model\.py failed: ModuleNotFoundError: No module named 'not_installed_for_handlerkit_formats'\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
+    assert info.value.fix == "correct model.py (it is imported with the model dir first on sys.path, as TorchServe does)"
+    (tmp_path / "model.py").write_text("import torch\n\nclass A(torch.nn.Module):\n    pass\n\nclass B(torch.nn.Module):\n    pass\n")
+    with pytest.raises(ModelLoadError, match=r"must define exactly one model class; found A, B: TorchServe counts every class defined in it.*\n  fix: ") as info:
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
     assert info.value.fix == "keep one nn.Module class in it and import the others from another file"
 
 
@@ -328,18 +272,14 @@ def test_a_helper_class_next_to_the_model_is_refused_as_torchserve_does(tmp_path
         match=r"model\.py must define exactly one model class; found Config, Net: TorchServe counts every class "
         r"defined in it, helpers included, and raises ValueError 'Expected only one class as model definition'\n  fix: ",
     ) as info:
-        load_model(
-            "eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py"
-        )
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
     assert info.value.fix == "keep one nn.Module class in it and import the others from another file"
     # An imported class (OrderedDict) does not count, for TorchServe either: one class loads.
     (tmp_path / "model.py").write_text(
         "import torch\nfrom collections import OrderedDict\n\nclass Net(torch.nn.Linear):\n"
         "    def __init__(self):\n        super().__init__(2, 1)\n"
     )
-    loaded = load_model(
-        "eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py"
-    )
+    loaded = load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=None, model_file="model.py")
     assert loaded.details["model_class"] == "Net"
 
 
@@ -359,23 +299,11 @@ def test_keys_a_module_accepts_without_keeping_them_are_no_misfit(tmp_path):
     state = {f"norm.{k}": v for k, v in trained.state_dict().items()}
     assert "norm.num_batches_tracked" in state and "num_batches_tracked" not in dict(FrozenBatchNorm2d(3).state_dict())
     torch.save(state, tmp_path / "model.pt")
-    loaded = load_model(
-        "eager",
-        device=torch.device("cpu"),
-        model_dir=str(tmp_path),
-        model_pt_path=str(tmp_path / "model.pt"),
-        model_file="model.py",
-    )
+    loaded = load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
     assert torch.equal(loaded.model.norm.weight, trained.weight.detach())
     torch.save({**state, "head.weight": torch.zeros(1)}, tmp_path / "model.pt")  # a key nothing takes is still one
     with pytest.raises(ModelLoadError, match=r"does not fit Net: unexpected keys \[head\.weight\] \(1\)\n  fix: "):
-        load_model(
-            "eager",
-            device=torch.device("cpu"),
-            model_dir=str(tmp_path),
-            model_pt_path=str(tmp_path / "model.pt"),
-            model_file="model.py",
-        )
+        load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
 
 
 def test_export_model_scripts_when_asked(tmp_path, mlp_reference):

@@ -78,11 +78,7 @@ def test_torchscript_saved_answers_as_eager_and_keeps_the_weights(tmp_path):
         warnings.simplefilter("error", HandlerkitWarning)  # TorchServe's own BaseHandler serves TorchScript
         saved = save_format(model_dir, "torchscript", artifact=exported(model_dir, "torchscript", tmp_path))
 
-    assert (
-        saved.torchserve_serves
-        and saved.artifact == "model.torchscript.pt"
-        and (model_dir / "model.torchscript.pt").is_file()
-    )
+    assert saved.torchserve_serves and saved.artifact == "model.torchscript.pt" and (model_dir / "model.torchscript.pt").is_file()
     assert manifest(model_dir)["serializedFile"] == "model.torchscript.pt"
     assert "modelFile" not in manifest(model_dir)  # TorchServe would read the file as eager weights
     assert digest(model_dir / "model.pt") == weights and (model_dir / "model.py").is_file()
