@@ -33,7 +33,7 @@ def plain(h: Any, batch: Any, formats: list[str], repeat: int, warmup: int, work
     """The work the lab must do, written plainly: no report, no checks beyond running it."""
     import torch
 
-    from handlerkit.diagnostics._format_export import make
+    from handlerkit.diagnostics.format_lab.export import make
 
     handler, context = h.handler, h.context
     batch.bind(context)

@@ -22,6 +22,7 @@ Example::
     cfg = load_config("model-config.yaml")   # batchSize: 4 / pt2: {compile: {enable: true}}
     cfg.batch_size                           # 4 (None when absent)
     cfg.handler.topk, cfg.handler.tf32       # None, "auto" (typed, validated)
+    cfg.handler.dynamic_shapes               # {"item_ids": (1,)} from handler: {dynamic_shapes: {item_ids: [1]}}
     cfg.pt2.compile, cfg.pt2.reason          # True, "pt2.compile.enable is true: ..."
     cfg.raw                                  # what the handler sees as context.model_yaml_config
 """
@@ -111,7 +112,7 @@ _TORCHRUN_KEYS: dict[str, tuple[str, int | None, str]] = {
 _KNOWN_TOP = (*_SERVER_KEYS, "handler", "pt2")
 
 # The handler: keys handlerkit reads, with their defaults (HandlerSettings' typed fields).
-_HANDLER_DEFAULTS: dict[str, Any] = {"profile": False, "tf32": "auto", "topk": None}
+_HANDLER_DEFAULTS: dict[str, Any] = {"profile": False, "tf32": "auto", "topk": None, "dynamic_shapes": None}
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +129,11 @@ class HandlerSettings(Mapping[str, Any]):
         tf32: TF32 for CUDA matmuls and convolutions: ``"auto"`` (on for Ampere and newer, as
             TorchServe does), ``True`` or ``False``.
         topk: how many classes a classifier returns (a positive integer), None for its default.
+        dynamic_shapes: the model's inputs whose sizes vary besides the batch, for the format
+            lab (``h.compare_formats``, ``handlerkit formats``) to export them dynamic: input name
+            (``forward``'s parameter) or position -> its dimensions that vary (1 and up; the
+            batch, 0, always varies), e.g. ``handler: {dynamic_shapes: {item_ids: [1], mask: [1]}}``;
+            an empty list keeps all of that input's fixed. TorchServe ignores the key; None when absent.
         extra: a copy of every other key of the section.
         written: the typed keys the section set (a value equal to its default still reads as
             written); a typed field that differs from its default always does.
@@ -136,6 +142,7 @@ class HandlerSettings(Mapping[str, Any]):
     profile: bool = False
     tf32: Literal["auto"] | bool = "auto"
     topk: int | None = None
+    dynamic_shapes: Mapping[str | int, tuple[int, ...]] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     written: frozenset[str] = field(default=frozenset(), repr=False)
 
@@ -413,6 +420,10 @@ def _parse_handler(value: Any, found: Findings) -> HandlerSettings:
                     if quoted
                     else "write tf32: auto (TF32 on Ampere and newer GPUs, as TorchServe does), true or false",
                 )
+        elif key == "dynamic_shapes":
+            shapes = _dynamic_shapes(item, found)
+            if shapes is not None:
+                typed[key] = shapes
         elif item is None or _positive_int(item):  # topk: null means the handler's default
             typed[key] = item
         else:  # topk
@@ -423,6 +434,38 @@ def _parse_handler(value: Any, found: Findings) -> HandlerSettings:
                 fix=f"write {item.strip()} without quotes" if quoted else "write e.g. 'handler: {topk: 5}'",
             )
     return HandlerSettings(**typed, extra=extra, written=frozenset(typed))
+
+
+def _dynamic_shapes(value: Any, found: Findings) -> Mapping[str | int, tuple[int, ...]] | None:
+    """``handler.dynamic_shapes``: input name or position -> a list of dimension indices >= 1."""
+    example = "write e.g. 'handler: {dynamic_shapes: {item_ids: [1], mask: [1]}}' (input -> its dims that vary)"
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        found.problem(
+            "handler.dynamic_shapes",
+            f"handler.dynamic_shapes must map the model's inputs to their dims that vary, got {describe(value)}",
+            fix=example,
+        )
+        return None
+    shapes: dict[str | int, tuple[int, ...]] = {}
+    for name, dims in value.items():
+        path = f"handler.dynamic_shapes.{name}"
+        if not isinstance(name, str) and not (isinstance(name, int) and not isinstance(name, bool) and name >= 0):
+            found.problem(
+                path, f"{path}: an input is named (forward's parameter) or numbered, got {describe(name)}", fix=example
+            )
+        elif not isinstance(dims, list) or not all(_positive_int(d) for d in dims):
+            batch = isinstance(dims, list) and 0 in dims
+            found.problem(
+                path,
+                f"{path} must be a list of dimension indices 1 and up, got {describe(dims)}"
+                + ("; dim 0, the batch, always varies" if batch else ""),
+                fix=f"write {name}: {[d for d in dims if d != 0]}" if batch else example,
+            )
+        else:
+            shapes[name] = tuple(sorted(set(dims)))
+    return shapes
 
 
 def _positive_int(value: Any) -> bool:

@@ -19,6 +19,12 @@ export        ``model.export.pt2``             hk.BaseHandler only
 aoti          ``model.aoti.pt2`` (a package)   hk.BaseHandler only (TorchServe: legacy ``.so``)
 ============  ===============================  ================================================
 
+:func:`save_format` writes what it is given. The format lab (``save=``) first makes the same
+save in a copy of the dir and serves requests from the copy through the handler, and saves
+only when they are answered (:mod:`handlerkit.diagnostics.format_lab.saving`); a file it saved
+that meets an input size it was not exported for says so at run time
+(:class:`handlerkit.formats.ArtifactShapeError`).
+
 The dir remembers what was saved in :data:`RECORD` (the manifest's entries before the first
 save, and each file written), so ``eager`` and ``compile`` go back to the original weights and
 ``replace=True`` deletes only files handlerkit wrote, never the original ones.
@@ -36,7 +42,7 @@ from typing import Any
 
 from handlerkit.errors import HandlerkitError, HandlerkitWarning
 
-__all__ = ["ARTIFACT_NAMES", "RECORD", "SAVABLE", "SavedFormat", "plan_save", "save_format"]
+__all__ = ["ARTIFACT_NAMES", "NOT_TORCHSERVE_FIX", "RECORD", "SAVABLE", "SavedFormat", "plan_save", "save_format"]
 
 SAVABLE = ("eager", "torchscript", "onnx", "export", "aoti", "compile")
 #: The file each exported format is saved as in the model dir.
@@ -62,7 +68,7 @@ _TORCHSERVE = {
     "package: handlerkit only",
 }
 #: The formats TorchServe 0.12's own BaseHandler does not serve, and the fix :func:`save_format` warns with.
-_NOT_TORCHSERVE_FIX = {
+NOT_TORCHSERVE_FIX = {
     "onnx": "serve the dir with a handler that subclasses hk.BaseHandler (handlerkit in the worker), or override "
     "inference to call self.model.run; for TorchServe's own BaseHandler save torchscript or eager",
     "export": "serve the dir with a handler that subclasses hk.BaseHandler (handlerkit in the worker); for "
@@ -106,7 +112,7 @@ class SavedFormat:
     @property
     def torchserve_serves(self) -> bool:
         """TorchServe 0.12's own BaseHandler loads the format and runs it with its default inference."""
-        return self.format not in _NOT_TORCHSERVE_FIX
+        return self.format not in NOT_TORCHSERVE_FIX
 
     def warn_if_not_torchserve(self) -> None:
         """A :class:`~handlerkit.errors.HandlerkitWarning` with the fix when TorchServe 0.12's own
@@ -117,7 +123,7 @@ class SavedFormat:
 
         warnings.warn(
             f"handlerkit: saved {self.format} into {os.path.basename(self.model_dir)}/, which TorchServe 0.12's own "
-            f"BaseHandler does not serve: {self.torchserve}\n  fix: {_NOT_TORCHSERVE_FIX[self.format]}",
+            f"BaseHandler does not serve: {self.torchserve}\n  fix: {NOT_TORCHSERVE_FIX[self.format]}",
             HandlerkitWarning,
             stacklevel=user_stacklevel(),
         )

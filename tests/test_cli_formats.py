@@ -7,9 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _new_users import ranker_dir, ranker_request
 from test_cli import CIRCLE, MODEL, SQUARE, assert_usage_error, cli, cli_json
 
 from handlerkit.cli import main
+from handlerkit.errors import HandlerkitWarning
 
 
 def test_formats_json_reports_each_format_and_exits_0(capsys):
@@ -53,9 +55,52 @@ def test_a_format_that_disagrees_exits_1(capsys, monkeypatch):
         (("--formats", "onx"), ("unknown format 'onx'", "did you mean 'onnx'")),
         (("--save", "tflite"), ("invalid choice: 'tflite'",)),
         (("--replace",), ("--replace deletes earlier saves when --save FORMAT saves a new one",)),
+        (("--dynamic", "item_ids:0"), ("expected INPUT:DIM pairs like item_ids:1,mask:1", "got 'item_ids:0'")),
     ],
 )
 def test_usage_errors_exit_2(capsys, argv, fragments):
     code = main(["formats", str(MODEL), CIRCLE, *argv])
     captured = capsys.readouterr()
     assert_usage_error(code, captured.out, captured.err, *fragments)
+
+
+def ranker_files(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The ranker of tests/_new_users.py and two request files whose item lists differ in length."""
+    model_dir = ranker_dir(tmp_path / "recs", base="handlerkit")
+    files = []
+    for name, request in (("short", ranker_request(1, [3, 5])), ("long", ranker_request(2, [1, 2, 3, 4, 5, 6, 7]))):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(request))
+        files.append(str(path))
+    return model_dir, files
+
+
+def test_a_ragged_save_exports_the_varying_dimensions_dynamic(tmp_path, capsys):
+    model_dir, files = ranker_files(tmp_path)
+    code, data = cli_json(
+        capsys, "formats", model_dir, *files, "--formats", "eager", "--save", "export", "--repeat", "1"
+    )
+    assert code == 0 and data["ok"] is True and data["refused"] is None
+    assert data["dims"]["dynamic"] == {"item_ids": [1], "mask": [1]}
+    assert data["rows"][1]["format"] == "export" and data["rows"][1]["dims"]["item_ids"] == ["batch", "*"]
+    assert data["saved"]["model"]["serializedFile"] == "model.export.pt2"
+    assert cli_json(capsys, "run", model_dir, files[0])[0] == 0  # the saved dir answers the short list alone
+
+
+def test_a_save_refused_for_a_fixed_dimension_exits_1_and_writes_nothing(tmp_path, capsys):
+    model_dir, files = ranker_files(tmp_path)
+    before = sorted(p.name for p in model_dir.rglob("*") if "__pycache__" not in p.parts)
+    argv = ("formats", model_dir, *files, "--formats", "eager", "--save", "export", "--dynamic", "item_ids:,mask:")
+    code, out, _ = cli(capsys, *argv, "--repeat", "1")
+    assert code == 1
+    text = " ".join(out.split())
+    assert ("export was not saved into" in text and "model.export.pt2 does not take request 0 alone (item_ids dim 1 = 2, "
+            "mask dim 1 = 2): it was exported for item_ids dim 1 = 7 and mask dim 1 = 7") in text  # fmt: skip
+    assert "--dynamic item_ids:1,mask:1" in text
+    assert sorted(p.name for p in model_dir.rglob("*") if "__pycache__" not in p.parts) == before
+
+
+def test_dynamic_naming_no_input_is_a_usage_error(tmp_path, capsys):
+    model_dir, files = ranker_files(tmp_path)
+    code, out, err = cli(capsys, "formats", model_dir, *files, "--formats", "eager", "--dynamic", "items:1")
+    assert_usage_error(code, out, err, "--dynamic names input 'items' (did you mean 'item_ids'?)")

@@ -240,6 +240,9 @@ def test_handler_settings_read_like_the_section_as_written():
     assert dict(handler) == {"profile": False, "topk": 2, "model_path": "/m", "threshold": 0.5}
     assert len(handler) == 4
     # Built directly, a field that differs from its default reads as set.
+    shapes = no_warnings({"handler": {"dynamic_shapes": {"item_ids": [1], "mask": [1, 1], 2: []}}}).handler
+    assert shapes.dynamic_shapes == {"item_ids": (1,), "mask": (1,), 2: ()} and "dynamic_shapes" in shapes
+    assert no_warnings({}).handler.dynamic_shapes is None
     direct = HandlerSettings(topk=3, extra={"x": 1})
     assert dict(direct) == {"topk": 3, "x": 1} and "profile" not in direct
 
@@ -257,8 +260,16 @@ def test_handler_settings_read_like_the_section_as_written():
         ({"topk": 2.5}, r"handler\.topk must be a positive integer .*got float 2\.5", "write e.g."),
         ({"topk": "3"}, r"handler\.topk must be a positive integer .*got str '3'", "write 3 without quotes"),
         ({"profile": "true"}, r"handler\.profile must be a boolean \(true or false\), got str 'true'", "write true"),
+        ({"dynamic_shapes": [1]}, r"handler\.dynamic_shapes must map the model's inputs to their dims that vary, got "
+         r"list \[1\]", "write e.g. 'handler: {dynamic_shapes: {item_ids: [1], mask: [1]}}'"),
+        ({"dynamic_shapes": {"item_ids": [0, 1]}}, r"handler\.dynamic_shapes\.item_ids must be a list of dimension "
+         r"indices 1 and up, got list \[0, 1\]; dim 0, the batch, always varies", "write item_ids: [1]"),
+        ({"dynamic_shapes": {"item_ids": "1"}}, r"handler\.dynamic_shapes\.item_ids must be a list of dimension "
+         r"indices 1 and up, got str '1'", "write e.g."),
+        ({"dynamic_shapes": {True: [1]}}, r"handler\.dynamic_shapes\.True: an input is named \(forward's "
+         r"parameter\) or numbered, got bool True", "write e.g."),
     ],
-)
+)  # fmt: skip
 def test_bad_handler_values_are_config_errors(section, message, fix):
     with pytest.raises(ConfigError, match=rf"^model-config\.yaml: {message}") as info:
         parse_config({"handler": section}, "model-config.yaml")

@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 import torch
+from _new_users import ranker_dir, ranker_request
 from conftest import MLP_MODEL_PY, eager_manifest, write_model_dir
 
 import handlerkit as hk
 from handlerkit._compare import same_output
-from handlerkit.errors import HandlerkitError, HandlerkitWarning
-from handlerkit.formats import export_model
+from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
+from handlerkit.formats import ArtifactShapeError, export_model
 from handlerkit.handlers.base import BaseHandler
 from handlerkit.served_format import RECORD, plan_save, save_format
 
@@ -196,3 +197,36 @@ def test_real_torchserve_serves_the_saved_torchscript_as_handlerkit_serves_the_e
             served.append(resp.json())
     assert same_output(served, eager, 1e-4, 1e-4), (served, eager)
     assert [max(answer, key=answer.get) for answer in served] == ["circle", "cross", "square"]
+
+
+@pytest.mark.parametrize(("fmt", "artifact"), [("onnx", "model.onnx"), ("export", "model.export.pt2")])
+def test_a_saved_file_that_refuses_a_length_names_the_dimension_and_the_reexport(tmp_path, fmt, artifact):
+    # A ranker saved the old way: exported from a batch padded to 7 items, its batch alone dynamic.
+    model_dir = ranker_dir(tmp_path / "recs", base="handlerkit")
+    eager = hk.Harness.open(model_dir)
+    eager.initialize()
+    example = (torch.tensor([1, 2]), torch.zeros(2, 7, dtype=torch.long), torch.ones(2, 7, dtype=torch.bool))
+    exported = export_model(eager.handler.model, example, tmp_path / f"fixed.{artifact.rsplit('.', 1)[1]}", fmt)
+    save_format(model_dir, fmt, artifact=exported, warn=False)
+
+    h = hk.Harness.open(model_dir)
+    with pytest.raises(StageError) as caught:
+        h.run(hk.batch(hk.Request.json(ranker_request(1, [3, 5]))))
+    error = caught.value
+    assert isinstance(error.original, ArtifactShapeError) and error.stage == "inference"
+    assert (
+        f"ArtifactShapeError: {artifact} was exported for item_ids dim 1 = 7 and mask dim 1 = 7; this call gives 2 and 2 ("
+        in error.message
+    )
+    assert error.original.refused == [("item_ids", 1, "= 7", 2), ("mask", 1, "= 7", 2)]
+    assert error.fix == (
+        f"re-export it with item_ids dim 1 and mask dim 1 dynamic: handlerkit formats {model_dir.resolve()} FILES "
+        f"--formats {fmt} --save {fmt} --replace --dynamic item_ids:1,mask:1 (in a notebook: h.compare_formats(batch, "
+        f"save={fmt!r}, replace=True, dynamic_shapes={{'item_ids': [1], 'mask': [1]}})); FILES whose requests differ "
+        "in those sizes make the lab find them by itself"
+    )
+    assert "correct it there" not in str(error)
+    # A batch of the exported length is served as before.
+    assert h.run(hk.batch(hk.Request.json(ranker_request(1, [1, 2, 3, 4, 5, 6, 7])))).output[0][0]["item_id"] in range(
+        1, 8
+    )

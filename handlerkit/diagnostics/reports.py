@@ -7,7 +7,7 @@ imports its diagnostics module only when called, so ``import handlerkit`` stays 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from handlerkit.batches import Batch
@@ -119,12 +119,15 @@ class Reports:
         directory: str | os.PathLike[str] | None = None,
         save: str | None = None,
         replace: bool = False,
+        dynamic_shapes: Mapping[str | int, Sequence[int]] | None = None,
         progress: bool | None = None,
     ) -> Any:
         """The model exported to each format (eager, torchscript, onnx, export; aoti, compile on
         request) inside the handler's own pre- and postprocessing: do the answers agree, and what
-        does each cost (export, first call, steady state, memory, size, batch sizes)? ``save=FORMAT``
-        saves that format into the model dir when it agrees (``replace``: earlier saves deleted)."""
+        does each cost (export, first call, steady state, memory, size, batch sizes, the input
+        dimensions it takes)? ``save=FORMAT`` saves that format into the model dir when it agrees
+        and the saved dir serves the batch's sizes (``replace``: earlier saves deleted);
+        ``dynamic_shapes={"item_ids": [1]}`` declares input dimensions that vary besides the batch."""
         from handlerkit.diagnostics.format_lab import compare_formats
 
         return compare_formats(
@@ -138,6 +141,7 @@ class Reports:
             directory=directory,
             save=save,
             replace=replace,
+            dynamic_shapes=dynamic_shapes,
             progress=progress,
         )
 

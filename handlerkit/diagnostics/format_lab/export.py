@@ -41,17 +41,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "ExportFailure",
-    "Made",
-    "artifact_path",
-    "compile_options",
-    "explain_failure",
-    "make",
-    "quiet",
-    "save_dir",
-    "save_made",
-]
+from handlerkit.diagnostics.format_lab.shapes import Dims
+
+__all__ = ["ExportFailure", "Made", "artifact_path", "compile_options", "explain_failure", "make", "quiet"]
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -89,6 +81,7 @@ class Made:
     model: Any = None
     how: str = ""
     dynamic_batch: bool | None = None
+    dynamic_dims: list[str] | None = None
     failure: ExportFailure | None = None
     error: str | None = None
     export_s: float | None = None
@@ -237,17 +230,18 @@ def compile_options(handler: Any) -> dict[str, Any]:
     return dict(getattr(decision, "options", None) or {}) if getattr(decision, "requested", False) else {}
 
 
-def make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Made:
-    """Export ``eager`` to ``fmt`` (example ``inputs``, files in ``workdir``) and load it onto the
-    handler's device; what the exporter printed, logged or warned is kept in ``log``."""
+def make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any, dims: Dims | None = None) -> Made:
+    """Export ``eager`` to ``fmt`` (example ``inputs``, files in ``workdir``; ``dims``: the input
+    dimensions to make dynamic besides the batch) and load it onto the handler's device; what the
+    exporter printed, logged or warned is kept in ``log``."""
     log: list[str] = []
     with quiet(log):
-        made = _make(fmt, eager, inputs, workdir, handler)
+        made = _make(fmt, eager, inputs, workdir, handler, dims)
     made.log = "".join(log)
     return made
 
 
-def _make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Made:
+def _make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any, dims: Dims | None) -> Made:
     import torch
 
     from handlerkit.formats import load_model
@@ -267,7 +261,7 @@ def _make(fmt: str, eager: Any, inputs: tuple, workdir: str, handler: Any) -> Ma
         if fmt == "torchscript":
             row.how = _export_torchscript(eager, inputs, path)
         else:
-            row.dynamic_batch, row.how = _export_dynamic(fmt, eager, inputs, path)
+            row.dynamic_batch, row.dynamic_dims, row.how = _export_dynamic(fmt, eager, inputs, path, dims)
     except Exception as exc:
         row.failure = explain_failure(fmt, exc, eager)
         return row
@@ -300,49 +294,25 @@ def _export_torchscript(eager: Any, inputs: tuple, path: str) -> str:
     )
 
 
-def _export_dynamic(fmt: str, eager: Any, inputs: tuple, path: str) -> tuple[bool, str]:
+def _export_dynamic(fmt: str, eager: Any, inputs: tuple, path: str, dims: Dims | None) -> tuple[bool, list[str], str]:
+    """Export with the batch and ``dims`` dynamic, else the batch alone, else fixed sizes: whether
+    the batch is dynamic, the other dims made dynamic, and how it went."""
     from handlerkit.formats import export_model
 
     exporter = {"onnx": "torch.onnx.export (dynamo)", "export": "torch.export.export", "aoti": "AOTInductor"}[fmt]
-    try:
-        export_model(eager, inputs, path, fmt, dynamic_batch=True)
-        return True, f"{exporter}, batch dimension dynamic (1 to 1024)"
-    except Exception as exc:
-        dynamic_error = exc
-    failure = explain_failure(fmt, dynamic_error, eager)
-    try:
-        export_model(eager, inputs, path, fmt, dynamic_batch=False)
-    except Exception:
-        raise dynamic_error from None  # fixed fails too: the dynamic attempt's error is the one to read
-    return False, f"{exporter}, batch fixed at {inputs[0].shape[0]} (dynamic failed: {failure.error})"
-
-
-def save_dir(context: Any, name: str, fmt: str, replace: bool) -> str:
-    """The handler's model dir, checked for saving ``fmt`` there before the lab does any work."""
-    from handlerkit.errors import HandlerkitError
-    from handlerkit.served_format import plan_save
-
-    model_dir = context.system_properties.get("model_dir")
-    if getattr(context, "archive", None) is not None or not model_dir:
-        raise HandlerkitError(
-            f"save={fmt!r} writes into the handler's model dir, and {name} was opened from an archive "
-            "(unpacked into a temporary dir) or has none",
-            fix="extract the archive (handlerkit.archive.extract) and open the model dir, then save",
-        )
-    plan_save(model_dir, fmt, replace=replace)
-    return str(model_dir)
-
-
-def save_made(row: Any, model_dir: str, workdir: str, handler: Any, replace: bool) -> tuple[Any, str]:
-    """Save ``row``'s format (its file in ``workdir``) into the model dir when it gave eager's
-    answers: the :class:`~handlerkit.served_format.SavedFormat` (None when not saved) and a note."""
-    from handlerkit.served_format import ARTIFACT_NAMES, save_format
-
-    fmt = row.format
-    if not row.agrees:
-        why = row.failure.error if row.failure else row.error or row.difference or "its answers differ from eager's"
-        return None, f"{fmt} was not saved into {model_dir}: {why}"
-    artifact = artifact_path(fmt, workdir) if fmt in ARTIFACT_NAMES else None
-    options = compile_options(handler) if fmt == "compile" else None
-    saved = save_format(model_dir, fmt, artifact=artifact, compile_options=options, replace=replace, warn=False)
-    return saved, f"{saved} Open the model dir again to serve it."
+    wanted = dims.dynamic if dims is not None else {}
+    labels = [dims.label(i, d) for i, ds in wanted.items() for d in ds] if dims is not None else []
+    attempts = [(True, wanted), *([(True, {})] if wanted else []), (False, {})]
+    errors: list[Exception] = []
+    for batch, extra in attempts:
+        try:
+            export_model(eager, inputs, path, fmt, dynamic_batch=batch, dynamic_dims=extra)
+        except Exception as exc:
+            errors.append(exc)
+            continue
+        how = exporter + (", batch dimension dynamic (1 to 1024)" if batch else "")
+        if errors:
+            left = [*(labels if not extra else []), *(["batch"] if not batch else [])]
+            how += f"; fixed: {', '.join(left)} (dynamic failed: {explain_failure(fmt, errors[0], eager).error})"
+        return batch, labels if extra else [], how
+    raise errors[0]  # every attempt failed: the first one's error (the most dynamic) is the one to read

@@ -1,24 +1,5 @@
-"""``Harness.compare_formats``: which model format gives this handler's answers, fastest, at what cost.
-
-The handler's model (its eager ``nn.Module``) is exported to each format asked for with
-:func:`handlerkit.formats.export_model` and loaded back with :func:`handlerkit.formats.load_model`
-(the loaders ``hk.BaseHandler`` serves them with); ``compile`` is ``torch.compile`` with the
-``pt2`` settings in force. Then, with each format's model swapped in as ``handler.model``:
-
-1. the first call: the inference stage alone on the preprocess output of ``batch`` (time and
-   peak memory above the start);
-2. a whole run of ``batch`` through the handler's own ``handle``, so its preprocess feeds the
-   model and its postprocess turns the model's output into answers, compared with eager's
-   (the model output's max abs difference, and the answers within ``atol``/``rtol``);
-3. the batch sizes the model accepts: 1, the batch's size and one more, each checked
-   against the eager model on the same rows;
-4. the steady state: every format's inference stage timed side by side, in an order that
-   rotates from round to round, so a machine that slows down does not favour one format.
-
-A format that does not export is reported with the exporter's error, the line of the model
-that stopped it (:mod:`._format_export`) and a fix. The handler is left as found: its model is
-put back, and the artifacts are written to a temporary directory (or ``directory``).
-"""
+"""``compare_formats``: each format's model swapped into the handler, run, timed, compared with
+eager's, and with ``save=`` saved once a fresh load of the saved dir serves (see the package)."""
 
 from __future__ import annotations
 
@@ -26,219 +7,29 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from handlerkit._compare import differences, same_output, shown
 from handlerkit._progress import Bar
-from handlerkit._render import Rendered, Table
-from handlerkit._text import format_bytes, suggestion
+from handlerkit._text import suggestion
 from handlerkit.diagnostics._compile_gate import eager_model
-from handlerkit.diagnostics._format_export import ExportFailure, make, quiet, save_dir, save_made
 from handlerkit.diagnostics._view import HarnessView, model_handler
+from handlerkit.diagnostics.format_lab.export import make, quiet
+from handlerkit.diagnostics.format_lab.report import FormatReport, FormatRow
+from handlerkit.diagnostics.format_lab.saving import Case, save_dir, save_made
+from handlerkit.diagnostics.format_lab.shapes import Probe, accepted, configured_dims, plan_dims, probes, run_alone
 from handlerkit.diagnostics.runs import diagnostic_runs
-from handlerkit.diagnostics.timing import TimingStats, summarize
+from handlerkit.diagnostics.timing import summarize
 from handlerkit.errors import HandlerkitError
+from handlerkit.formats import input_names
 
-__all__ = ["DEFAULT_FORMATS", "LAB_FORMATS", "FormatReport", "FormatRow", "compare_formats"]
+__all__ = ["DEFAULT_FORMATS", "LAB_FORMATS", "compare_formats"]
 
 LAB_FORMATS = ("eager", "torchscript", "onnx", "export", "aoti", "compile")
 """Every format the lab can try; ``aoti`` and ``compile`` compile C++ or Triton and take seconds to minutes."""
 DEFAULT_FORMATS = ("eager", "torchscript", "onnx", "export")
 """The formats tried when none are named: each exports in a second or two."""
-
-
-@dataclass
-class FormatRow:
-    """One format's row of a :class:`FormatReport`.
-
-    Attributes:
-        format: one of :data:`LAB_FORMATS`.
-        exported: the model was exported (or compiled) and loaded back.
-        how: how it was made, e.g. ``"torch.jit.script"``, ``"torch.jit.trace (script failed: ...)"``.
-        dynamic_batch: the artifact was exported with a dynamic batch dimension (None: the
-            format has no such setting).
-        failure: why it did not export: the error, the model's line that stopped it, the fix.
-        max_abs_diff: the largest absolute difference of the model's output from eager's.
-        answers_agree: the handler's final answers are eager's, within the tolerance.
-        difference: the first place where the answers differ.
-        export_s / load_s: seconds to export (or wrap in ``torch.compile``) and to load back.
-        first_call_ms: the first inference call (a compile happens here for ``compile``).
-        peak_bytes: peak memory of the first call above its start (CPU RSS, or CUDA allocated).
-        steady: the inference stage's steady-state timing.
-        artifact_bytes: the exported file's size.
-        batch_sizes: batch size → ``"ok"``, ``"wrong output"`` or ``"error: ..."``.
-        error: a failure after exporting (loading or running), as ``Type: message``.
-        log: what the exporter and the format's first calls printed, logged or warned (the lab
-            keeps it here rather than let it reach the notebook cell or terminal).
-    """
-
-    format: str
-    exported: bool = False
-    how: str = ""
-    dynamic_batch: bool | None = None
-    failure: ExportFailure | None = None
-    max_abs_diff: float | None = None
-    answers_agree: bool | None = None
-    difference: str | None = None
-    export_s: float | None = None
-    load_s: float | None = None
-    first_call_ms: float | None = None
-    peak_bytes: int | None = None
-    steady: TimingStats | None = None
-    artifact_bytes: int | None = None
-    batch_sizes: dict[int, str] = field(default_factory=dict)
-    error: str | None = None
-    log: str = ""
-
-    @property
-    def agrees(self) -> bool:
-        """Exported, ran, and gave eager's answers."""
-        return self.exported and self.error is None and self.answers_agree is True
-
-    @property
-    def accepted_sizes(self) -> list[int]:
-        """The batch sizes it ran with eager's outputs."""
-        return [n for n, outcome in self.batch_sizes.items() if outcome == "ok"]
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["steady"] = None if self.steady is None else self.steady.to_dict()
-        data["batch_sizes"] = {str(n): outcome for n, outcome in self.batch_sizes.items()}
-        data["agrees"] = self.agrees
-        return data
-
-
-@dataclass(repr=False)
-class FormatReport(Rendered):
-    """The handler's model in every format asked for, side by side (``Harness.compare_formats``).
-
-    Attributes:
-        handler: the harness's name.
-        batch_size: requests in the batch.
-        device: where the models ran.
-        rows: one :class:`FormatRow` per format, eager first.
-        repeat / warmup: steady-state calls timed, and discarded before, per format.
-        atol / rtol: the tolerance the answers are compared with.
-        notes: facts worth reading next to the numbers.
-        saved: the format saved into the model dir (``save=``), or None.
-    """
-
-    handler: str
-    batch_size: int
-    device: str = "cpu"
-    rows: list[FormatRow] = field(default_factory=list)
-    repeat: int = 0
-    warmup: int = 0
-    atol: float = 1e-4
-    rtol: float = 1e-4
-    notes: list[str] = field(default_factory=list)
-    saved: Any = None
-
-    @property
-    def ok(self) -> bool:
-        """Every format asked for exported, ran and gave eager's answers."""
-        return bool(self.rows) and all(row.agrees for row in self.rows)
-
-    @property
-    def best(self) -> FormatRow | None:
-        """The fastest format (steady-state median) whose answers agree with eager's."""
-        timed = [row for row in self.rows if row.agrees and row.steady is not None]
-        return min(timed, key=lambda row: row.steady.median if row.steady else 0.0, default=None)
-
-    def row(self, fmt: str) -> FormatRow:
-        """The row of format ``fmt``."""
-        for row in self.rows:
-            if row.format == fmt:
-                return row
-        raise KeyError(f"no {fmt!r} row: the report has {[r.format for r in self.rows]}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-serialisable data (what ``--json`` prints)."""
-        best = self.best
-        return {
-            "handler": self.handler,
-            "batch_size": self.batch_size,
-            "device": self.device,
-            "repeat": self.repeat,
-            "warmup": self.warmup,
-            "atol": self.atol,
-            "rtol": self.rtol,
-            "ok": self.ok,
-            "best": None if best is None else best.format,
-            "rows": [row.to_dict() for row in self.rows],
-            "notes": list(self.notes),
-            "saved": None if self.saved is None else self.saved.to_dict(),
-        }
-
-    def _summary(self) -> str:
-        best = self.best
-        failed = [r.format for r in self.rows if not r.exported]
-        differ = [r.format for r in self.rows if r.exported and not r.agrees]
-        parts = [f"best: {best.format}" if best is not None else "no format agrees with eager"]
-        if failed:
-            parts.append(f"not exported: {', '.join(failed)}")
-        if differ:
-            parts.append(f"answers differ or fail: {', '.join(differ)}")
-        return f"formats of {self.handler} (batch {self.batch_size}, {self.device}): " + "; ".join(parts)
-
-    def _tables(self) -> list[Table]:
-        eager = next((r for r in self.rows if r.format == "eager" and r.steady is not None), None)
-        rows = []
-        for r in self.rows:
-            ratio = (
-                eager.steady.median / r.steady.median
-                if eager is not None and eager.steady is not None and r.steady is not None and r.steady.median > 0
-                else None
-            )
-            rows.append(
-                [
-                    r.format,
-                    "yes" if r.exported else "no",
-                    _agreement(r),
-                    None if r.max_abs_diff is None else f"{r.max_abs_diff:.2g}",
-                    r.export_s,
-                    r.first_call_ms,
-                    None if r.steady is None else r.steady.median,
-                    ratio,
-                    format_bytes(r.peak_bytes) if r.peak_bytes is not None else None,
-                    format_bytes(r.artifact_bytes) if r.artifact_bytes is not None else None,
-                    ", ".join(map(str, r.accepted_sizes)) if r.batch_sizes else None,
-                ]
-            )
-        headers = ("format", "exported", "answers", "max abs diff", "export s", "first call ms", "median ms",
-                   "speedup", "peak memory", "size", "batch sizes")  # fmt: skip
-        how = [[r.format, r.how, _dynamic(r)] for r in self.rows if r.exported]
-        failures = [
-            [r.format, r.failure.error, r.failure.where, r.failure.source, r.failure.fix]
-            for r in self.rows
-            if r.failure is not None
-        ]
-        errors = [[r.format, r.error or r.difference] for r in self.rows if r.error or r.difference]
-        return [
-            Table(headers, rows),
-            Table(("format", "how", "batch dimension"), how, "how each was made", wrap=60),
-            Table(("format", "error", "at", "source", "fix"), failures, "not exported", wrap=48),
-            Table(("format", "what went wrong"), errors, "differences and errors", wrap=80),
-        ]
-
-    def _notes(self) -> list[str]:
-        return list(self.notes)
-
-
-def _agreement(row: FormatRow) -> str:
-    if not row.exported:
-        return "-"
-    if row.error is not None:
-        return "error"
-    return "agree" if row.answers_agree else "DIFFER"
-
-
-def _dynamic(row: FormatRow) -> str:
-    if row.dynamic_batch is None:
-        return "no setting (sizes tried)"
-    return "dynamic" if row.dynamic_batch else "fixed (dynamic failed)"
 
 
 # ---------------------------------------------------------------------------- running
@@ -254,6 +45,7 @@ def compare_formats(
     directory: str | os.PathLike[str] | None = None,
     save: str | None = None,
     replace: bool = False,
+    dynamic_shapes: Mapping[str | int, Sequence[int]] | None = None,
     progress: bool | None = None,
 ) -> FormatReport:
     """Run ``batch`` through the handler with its model in each format (see the module docstring).
@@ -264,17 +56,25 @@ def compare_formats(
         repeat / warmup: steady-state inference calls timed, and discarded before, per format.
         atol / rtol: the tolerance of "the same answers".
         directory: where to write the artifacts (default: a temporary directory, removed after).
-        save: a format to save into the handler's model dir when its answers agree
+        save: a format to save into the handler's model dir when its answers agree and the
+            saved dir, opened afresh, serves the batch's sizes through the handler
             (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``);
             ``onnx``, ``export`` and ``aoti`` warn that TorchServe's own BaseHandler does not serve them.
         replace: with ``save``, delete the files of earlier saves (never the original weights).
+        dynamic_shapes: the model's input dimensions that vary besides the batch, exported
+            dynamic: input name (``forward``'s parameter) or position -> dims, e.g.
+            ``{"item_ids": [1], "mask": [1]}``; an input named here takes these in place of
+            what the batch shows (``[]``: none). Default: the model config's
+            ``handler: {dynamic_shapes: ...}``, else what the batch shows.
         progress: a progress bar (None: when someone is watching).
 
     Raises:
-        ValueError: an unknown format, or bad ``repeat`` / ``warmup``.
+        ValueError: an unknown format, bad ``repeat`` / ``warmup``, or ``dynamic_shapes`` naming
+            an input or dimension the model does not have.
         HandlerkitError: a function handler, a model that is no ``nn.Module``, or a handler
             whose ``handle`` does not call ``inference`` once per batch; with ``save``, a model
             opened from an archive, or a file in the model dir that saving would overwrite.
+        ConfigError: the model config's ``handler.dynamic_shapes`` does not validate.
         StageError: the batch fails with the handler's own eager model.
     """
     names = _format_names(formats)
@@ -284,12 +84,14 @@ def compare_formats(
     if repeat < 1 or warmup < 0:
         raise ValueError(f"repeat must be >= 1 and warmup >= 0: got repeat={repeat}, warmup={warmup}")
     handler = model_handler(view, "compare_formats")
+    declared, source = (dynamic_shapes, "dynamic_shapes=") if dynamic_shapes is not None else configured_dims(view)
     report = FormatReport(view.name, len(batch), repeat=repeat, warmup=warmup, atol=atol, rtol=rtol)
     with (
         diagnostic_runs(view),
         _workdir(directory) as workdir,
         Bar(len(names) * 3, f"formats of {view.name}", progress) as bar,
         warnings.catch_warnings(),
+        _aoti_input_checks(),
     ):
         warnings.simplefilter("ignore")  # TorchScript's and the exporters' deprecation chatter
         own = handler.model
@@ -299,12 +101,15 @@ def compare_formats(
         try:
             with _swapped(handler, eager):
                 reference = view.run(batch)
+                alone = run_alone(view, batch)
             data, inputs = _model_inputs(view, reference)
+            report.dims = dims = plan_dims(input_names(eager, len(inputs)), inputs, alone, declared, source)
+            found = probes(dims, data, inputs, alone)
             report.rows.append(FormatRow("eager", exported=True, how=f"{type(eager).__name__} (the handler's model)"))
             models["eager"] = eager
             for fmt in names[1:]:
                 bar.set_description(f"formats of {view.name}: exporting {fmt}")
-                made = make(fmt, eager, inputs, workdir, handler)
+                made = make(fmt, eager, inputs, workdir, handler, dims)
                 report.rows.append(FormatRow(fmt, **made.facts()))
                 if made.model is not None:
                     models[fmt] = made.model
@@ -316,23 +121,77 @@ def compare_formats(
                     with quiet(said):
                         _first_calls(row, models[row.format], view, batch, data, reference, atol, rtol)
                         _batch_sizes(row, models[row.format], eager, inputs, len(batch), atol, rtol)
+                        batch_ok = all(outcome == "ok" for outcome in row.batch_sizes.values())
+                        taken = accepted(models[row.format], eager, dims, found, batch_ok, atol, rtol)
+                        row.dims, row.fixed_dims = taken.dims, taken.refused
                     row.log = "".join(said)
                 bar.update()
             bar.set_description(f"formats of {view.name}: steady state")
             _steady(report, models, handler, data, warmup, repeat)
             if save is not None:
-                report.saved, note = save_made(report.row(save), model_dir, workdir, handler, replace)
+                bar.set_description(f"formats of {view.name}: serving the saved {save}")
+                cases = _cases(handler, eager, batch, reference, alone, found)
+                report.saved, note, report.refused = save_made(
+                    report.row(save), model_dir, workdir, view, replace, cases, dims, (atol, rtol)
+                )
                 report.notes.append(note)
             bar.update(len(names))
         finally:
             handler.model = own
     if report.saved is not None:
         report.saved.warn_if_not_torchserve()  # here: the lab ignores warnings while it runs
+    if report.dims is not None and report.dims.dynamic:
+        report.notes.append(
+            f"input dimensions that vary besides the batch: {report.dims.describe()}; exported dynamic where the "
+            "format has the setting, and tried with other sizes (* in 'the dimensions each takes')"
+        )
+    if report.dims is not None and report.dims.fixed():
+        report.notes.append(
+            f"{report.dims.source} keeps {', '.join(report.dims.fixed())} fixed, though the batch's requests vary them"
+        )
     if any(row.log for row in report.rows):
         report.notes.append("what the exporters printed, logged or warned is kept in each row's .log")
     if report.rows and report.rows[0].first_call_ms is not None:
         report.notes.append("eager's first call is not fresh: the reference run called the model before it")
     return report
+
+
+def _cases(handler: Any, eager: Any, batch: Any, reference: Any, alone: list, found: list[Probe]) -> list[Case]:
+    """What the saved dir must answer as eager did: the batch, each request alone whose sizes
+    differ, and the batch made longer (through the handler's inference)."""
+    import torch
+
+    runs = dict(alone)
+    singles = batch.split() if found else []
+    cases = [Case("the batch", reference.output, batch=batch)]
+    for probe in found:
+        if probe.request is not None:
+            single = singles[probe.request]
+            cases.append(Case(probe.label, runs[probe.request].output, batch=single, changed=probe.changed))
+            continue
+        try:
+            with _swapped(handler, eager), torch.inference_mode():
+                expected = handler.inference(probe.data)
+        except Exception:  # the handler's own code does not take these sizes: nothing to ask of the saved dir
+            continue
+        cases.append(Case(probe.label, expected, data=probe.data, changed=probe.changed))
+    return cases
+
+
+@contextlib.contextmanager
+def _aoti_input_checks() -> Iterator[None]:
+    """``AOTI_RUNTIME_CHECK_INPUTS=1`` while the lab runs: an AOTInductor model reads it at its
+    first call, and unchecked it runs sizes it was not compiled for on memory it does not own,
+    where the lab tries other sizes on purpose. Put back after, for the process's own models."""
+    before = os.environ.get("AOTI_RUNTIME_CHECK_INPUTS")
+    os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["AOTI_RUNTIME_CHECK_INPUTS"]
+        else:
+            os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = before
 
 
 def _format_names(formats: Sequence[str] | None) -> list[str]:

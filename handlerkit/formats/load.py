@@ -1,22 +1,5 @@
-"""Model formats: load each one so that ``model(tensor)`` works, and export to each.
-
-TorchServe 0.12 loads eager (``modelFile`` + state_dict), TorchScript, ONNX and legacy
-AOTInductor ``.so`` models, but only eager and TorchScript models run through its default
-``inference``: an ONNX session is not callable with a tensor. Here every loader returns a
-callable that takes and returns torch tensors on the handler's device, so the default
-``inference`` serves every format.
-
-=============  =============================================  ==============================
-format         files                                          loader
-=============  =============================================  ==============================
-eager          ``modelFile`` (.py) + state_dict (optional)    the file's one class + torch.load
-torchscript    ``.pt`` without ``modelFile``                  torch.jit.load
-onnx           ``.onnx``                                      onnxruntime.InferenceSession
-aoti           ``.pt2`` AOTInductor package                   torch._inductor.aoti_load_package
-aoti-so        ``.so`` + ``pt2: {export: {aot_compile: true}}``  torch._export.aot_load (legacy)
-export         ``.pt2`` ``torch.export`` program              torch.export.load(...).module()
-=============  =============================================  ==============================
-"""
+"""Load a model of each format onto the handler's device, callable with the model's inputs as
+positional tensors (see :mod:`handlerkit.formats`)."""
 
 from __future__ import annotations
 
@@ -30,8 +13,9 @@ from typing import Any
 
 from handlerkit._optional import require
 from handlerkit.errors import ModelLoadError
+from handlerkit.formats.shapes import AOTI_NAMES, ShapeChecked, checked_forward, fixed_sizes, shape_refusal
 
-__all__ = ["FORMATS", "STATE_DICT_FIX", "LoadedModel", "OnnxModel", "detect_format", "export_model", "load_model"]
+__all__ = ["FORMATS", "STATE_DICT_FIX", "LoadedModel", "OnnxModel", "detect_format", "load_model", "onnx_providers"]
 
 FORMATS = ("eager", "torchscript", "onnx", "aoti", "aoti-so", "export")
 
@@ -295,14 +279,20 @@ class OnnxModel:
     """An onnxruntime session that is called like a torch module: tensors in, tensors out.
 
     Inputs are matched to the session's inputs by position; outputs come back as one tensor
-    (single output) or a tuple, on ``device``.
+    (single output) or a tuple, on ``device``. An input size the file was not exported for is
+    an :class:`ArtifactShapeError` (ONNX Runtime's ``InvalidArgument`` chained to it).
     """
 
-    def __init__(self, session: Any, device: Any):
+    def __init__(self, session: Any, device: Any, path: str | None = None):
         self.session = session
         self.device = device
+        self.path = path
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
+        # The sizes the file fixes (a symbolic dimension is a name, not an int).
+        self.fixed_dims = [
+            {d: size for d, size in enumerate(i.shape or []) if isinstance(size, int)} for i in session.get_inputs()
+        ]
 
     def __call__(self, *inputs: Any) -> Any:
         import torch
@@ -315,7 +305,14 @@ class OnnxModel:
             name: (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
             for name, x in zip(self.input_names, inputs)
         }
-        outputs = [torch.from_numpy(o).to(self.device) for o in self.session.run(None, feed)]
+        try:
+            results = self.session.run(None, feed)
+        except Exception as exc:
+            refusal = shape_refusal(exc, self.path, "onnx", self.input_names, inputs, self.fixed_dims)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        outputs = [torch.from_numpy(o).to(self.device) for o in results]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def eval(self) -> OnnxModel:
@@ -340,7 +337,7 @@ def _load_onnx(path: str, device: Any) -> LoadedModel:
     except Exception as exc:
         raise ModelLoadError(f"onnxruntime could not open {path}: {exc}", path=path) from exc
     details = {"providers_wanted": wanted, "providers": session.get_providers()}
-    return LoadedModel(OnnxModel(session, device), "onnx", "onnxruntime.InferenceSession", path, details)
+    return LoadedModel(OnnxModel(session, device, path), "onnx", "onnxruntime.InferenceSession", path, details)
 
 
 def _load_aoti(path: str, device: Any) -> LoadedModel:
@@ -353,7 +350,9 @@ def _load_aoti(path: str, device: Any) -> LoadedModel:
             model = torch._inductor.aoti_load_package(path)
     except Exception as exc:
         raise ModelLoadError(f"torch._inductor.aoti_load_package({path!r}) failed: {exc}", path=path) from exc
-    return LoadedModel(model, "aoti", "torch._inductor.aoti_load_package", path, _aoti_details())
+    names = model.get_metadata().get(AOTI_NAMES) if hasattr(model, "get_metadata") else None
+    checked = ShapeChecked(model, path, "aoti", names.split(",") if names else None)
+    return LoadedModel(checked, "aoti", "torch._inductor.aoti_load_package", path, _aoti_details())
 
 
 def _load_aoti_so(path: str, device: Any) -> LoadedModel:
@@ -369,7 +368,7 @@ def _load_aoti_so(path: str, device: Any) -> LoadedModel:
         **_aoti_details(),
         "deprecated": "legacy .so path; prefer a .pt2 package (torch._inductor.aoti_compile_and_package)",
     }
-    return LoadedModel(model, "aoti-so", "torch._export.aot_load", path, details)
+    return LoadedModel(ShapeChecked(model, path, "aoti-so", None), "aoti-so", "torch._export.aot_load", path, details)
 
 
 def _aoti_details() -> dict[str, Any]:
@@ -394,97 +393,5 @@ def _load_export(path: str, device: Any) -> LoadedModel:
     module = program.module()
     with contextlib.suppress(Exception):  # already on the right device when it is the CPU
         module = module.to(device)
+    module = checked_forward(module, path, list(program.graph_signature.user_inputs), fixed_sizes(program))
     return LoadedModel(module, "export", "torch.export.load(...).module()", path, {"checks_input_shapes": True})
-
-
-# With AOTI_RUNTIME_CHECK_INPUTS=1 at run time, AOTInductor checks input shapes, and by default
-# checks a dynamic dimension against torch.export's lower bound of 2 (sizes 0 and 1 are
-# specialised): a batch of 1 would be refused. Dims declared with min=1 must accept 1.
-_AOTI_CONFIGS = {"aot_inductor.check_lowerbound": False}
-
-
-def export_model(
-    model: Any,
-    example_inputs: tuple,
-    path: str | os.PathLike,
-    fmt: str,
-    *,
-    dynamic_batch: bool = True,
-    torchscript: str = "trace",
-) -> str:
-    """Write ``model`` in format ``fmt`` so handlerkit and TorchServe can load it.
-
-    Args:
-        model: an ``nn.Module`` (put in eval mode here).
-        example_inputs: a tuple of example tensors, batch first.
-        path: where to write (``.pt`` for torchscript, ``.onnx``, ``.pt2`` for aoti/export,
-            ``.so`` for aoti-so, a state_dict ``.pt`` for eager).
-        fmt: one of :data:`FORMATS`.
-        dynamic_batch: let the batch dimension vary (export, onnx, aoti).
-        torchscript: ``"trace"`` (runs ``example_inputs`` once and records the operations:
-            a branch on a tensor's value is frozen as taken) or ``"script"`` (compiles the
-            Python source, branches kept; fails on Python TorchScript does not support).
-
-    Returns:
-        The path written, as a string.
-
-    Raises:
-        ImportError: ``fmt="onnx"`` without onnx and onnxscript (the message names the pip command).
-        ValueError: an unknown format or ``torchscript`` value.
-    """
-    import torch
-
-    if torchscript not in ("trace", "script"):
-        raise ValueError(f"torchscript must be 'trace' or 'script': got {torchscript!r}")
-    path = os.fspath(path)
-    model = model.eval()
-    if dynamic_batch:
-        # torch.export specialises a dimension whose example size is 0 or 1, so a batch-1
-        # example cannot be marked dynamic: trace with the example repeated to a batch of 2.
-        example_inputs = tuple(
-            torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1 else x
-            for x in example_inputs
-        )
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    dynamic_shapes: Any = tuple({0: batch} for _ in example_inputs) if dynamic_batch else None
-    if fmt == "eager":
-        torch.save(model.state_dict(), path)
-    elif fmt == "torchscript":
-        with _quiet_deprecations():
-            scripted = torch.jit.script(model) if torchscript == "script" else torch.jit.trace(model, example_inputs)
-            torch.jit.save(scripted, path)
-    elif fmt == "onnx":
-        # torch.onnx.export's (default) dynamo exporter writes the file with onnxscript and onnx.
-        for module in ("onnx", "onnxscript"):
-            require(module, feature="exporting to ONNX", extra="onnx")
-        names = [f"input_{i}" for i in range(len(example_inputs))]
-        # One self-contained file (weights inside, not in a "<file>.data" beside it that the model
-        # names by its first file name): the file can be copied, renamed and named by a manifest.
-        # Protobuf limits such a file to 2 GB.
-        torch.onnx.export(
-            model,
-            example_inputs,
-            path,
-            input_names=names,
-            dynamic_shapes=dynamic_shapes,
-            external_data=False,
-            verbose=False,
-        )
-    elif fmt in ("aoti", "export"):
-        program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
-        if fmt == "export":
-            torch.export.save(program, path)
-        else:
-            torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=_AOTI_CONFIGS)
-    elif fmt == "aoti-so":
-        import torch._export
-
-        torch._export.aot_compile(
-            model,
-            example_inputs,
-            dynamic_shapes=dynamic_shapes,
-            options={"aot_inductor.output_path": path, **_AOTI_CONFIGS},
-        )
-    else:
-        raise ValueError(f"unknown model format {fmt!r}; expected one of {FORMATS}")
-    return path

@@ -1,4 +1,4 @@
-"""diagnostics._format_export: a format made from the eager model, or the error, the model's line and the fix."""
+"""diagnostics.format_lab.export: a format made from the eager model, or the error, the model's line and the fix."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from conftest import MLP_MODEL_PY, load_model_class, write_model_dir
 from test_diagnostics_format_lab import BRANCH_MODEL_PY  # the data-dependent branch on line 11
 
-from handlerkit.diagnostics._format_export import explain_failure, make, quiet
+from handlerkit.diagnostics.format_lab.export import explain_failure, make, quiet
 
 #: Line 10 raises a plain Python error under the exporter only (it traces with fake tensors).
 RAISES_MODEL_PY = '''\
