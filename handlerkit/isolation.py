@@ -471,14 +471,9 @@ def load_module_from_file(
     with model_dir_imports(imports):
         with _lock:
             existing = sys.modules.get(module_name)
-            if (
-                not reload
-                and existing is not None
-                and getattr(existing, "__file__", None) == file
-                and not changed(existing)
-            ):
-                if _built_with.get(existing) == (imports, _generations.get(imports, 0)):  # what it imported holds
-                    return existing
+            if existing is not None and not reload and getattr(existing, "__file__", None) == file:
+                if not changed(existing) and _built_with.get(existing) == (imports, _generations.get(imports, 0)):
+                    return existing  # (and what it imported from the dir holds too)
             if package is not None:
                 _ensure_package(package, directory)
         module = importlib.util.module_from_spec(spec)

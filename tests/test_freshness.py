@@ -22,7 +22,7 @@ from _new_users import audio_dir, char_stream_dir, ranker_dir, ranker_request, w
 from _tabular import FEATURES, tabular_dir
 
 import handlerkit as hk
-from handlerkit import isolation
+from handlerkit import freshness, isolation
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
 from handlerkit.recording.spy import own_class
 
@@ -56,15 +56,19 @@ OPENERS = ("Harness.open", "Harness(spec, ctx)", "Service.open")
 @pytest.fixture
 def looks_every_run(monkeypatch):
     """The change check looks on every run (it waits a second between looks)."""
-    monkeypatch.setattr(isolation.Sources, "every", 0.0)
+    monkeypatch.setattr(freshness.Sources, "every", 0.0)
 
 
 # ---------------------------------------------------------------------------- opening again
 
 
+BASES = [pytest.param("torchserve", marks=pytest.mark.torchserve), "handlerkit"]
+
+
+@pytest.mark.parametrize("base", BASES)
 @pytest.mark.parametrize("opener", OPENERS)
-def test_opening_a_model_dir_again_after_an_edit_runs_the_edited_handler(tmp_path, opener):
-    model_dir = ranker_dir(tmp_path / "recs", base="handlerkit")
+def test_opening_a_model_dir_again_after_an_edit_runs_the_edited_handler(tmp_path, opener, base):
+    model_dir = ranker_dir(tmp_path / "recs", base=base)
     first = answer(opener, model_dir, RANKED)
     assert [set(item) for item in first[0]] == [{"item_id", "score"}] * 3
     edit(model_dir / "handler.py", SCORE, f'{SCORE}, "edited": True')
@@ -108,7 +112,7 @@ def test_a_syntax_error_in_a_module_the_handler_imports_points_at_that_module(tm
     assert info.value.fix == "correct spectra.py line 1: Python cannot compile it"
 
 
-@pytest.mark.parametrize("base", [pytest.param("torchserve", marks=pytest.mark.torchserve), "handlerkit"])
+@pytest.mark.parametrize("base", BASES)
 def test_an_edit_to_model_py_alone_is_seen_on_opening_again(tmp_path, base):
     """TorchServe's BaseHandler imports model.py by name (the dir's cached module, unless it
     changed); handlerkit's loads it by path afresh on every initialize."""
@@ -298,17 +302,17 @@ def test_the_change_check_looks_once_a_second_and_reads_only_files_that_moved(tm
     h = hk.Harness.open(model_dir)
     h.run(RANKED)  # initialize loads model.py: both files are watched
     clock = [time.monotonic() + 3600.0]
-    monkeypatch.setattr(isolation.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(freshness.time, "monotonic", lambda: clock[0])
     reads, stats = [], []
-    real_read, real_stat = isolation.read_stamp, os.stat
-    monkeypatch.setattr(isolation, "read_stamp", lambda f: reads.append(os.path.basename(f)) or real_read(f))
+    real_read, real_stat = freshness.read_stamp, os.stat
+    monkeypatch.setattr(freshness, "read_stamp", lambda f: reads.append(os.path.basename(f)) or real_read(f))
 
     def stat(path, *args, **kwargs):
         if str(path).endswith(".py"):  # (not the dir's listing, looked at once a second too)
             stats.append(path)
         return real_stat(path, *args, **kwargs)
 
-    monkeypatch.setattr(isolation.os, "stat", stat)
+    monkeypatch.setattr(freshness.os, "stat", stat)
     h.run(RANKED)  # the first look reads each file once
     assert sorted(reads) == ["handler.py", "model.py"] and len(stats) == 2
     for _ in range(5):
@@ -393,8 +397,8 @@ def test_a_fresh_look_reads_files_a_trusted_block_does_not(tmp_path, monkeypatch
         import model  # noqa: F401
 
     reads = []
-    real_read = isolation.read_stamp
-    monkeypatch.setattr(isolation, "read_stamp", lambda f: reads.append(f) or real_read(f))
+    real_read = freshness.read_stamp
+    monkeypatch.setattr(freshness, "read_stamp", lambda f: reads.append(f) or real_read(f))
     with isolation.model_dir_imports(model_dir, max_age=1.0):  # what every run enters
         pass
     assert reads == []
@@ -418,3 +422,17 @@ def test_model_dir_files_never_run_from_a_stale_pyc(tmp_path):
 
         assert version.V == 2
     assert not (model_dir / "__pycache__").exists()
+
+
+def test_the_change_check_benchmark_times_every_variant_and_puts_things_back(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import change_check
+    finally:
+        sys.path.pop(0)
+    from handlerkit import harness
+    from handlerkit.recording import reload as reloading
+
+    samples = change_check.measure(str(tabular_dir(tmp_path / "tabular", base="handlerkit")), rounds=2, block=3)
+    assert set(samples) == set(change_check.VARIANTS) and all(len(v) == 2 for v in samples.values())
+    assert harness.reloading is reloading and freshness.Sources.every == 1.0
