@@ -27,13 +27,13 @@ __all__ = [
     "TORCHSERVE_MISSING_FIX",
     "Sources",
     "Stamp",
-    "changed",
     "exec_source",
     "failed_at",
     "import_failure",
     "module_of",
     "note",
     "read_stamp",
+    "stale",
     "stamp_of",
     "torchserve_missing",
     "use_source_finder",
@@ -95,7 +95,8 @@ def module_of(definition: Any) -> ModuleType | None:
     it now (inside a model dir's block, the dir's own); None when it holds another under that name."""
     module = sys.modules.get(getattr(definition, "__module__", None) or "")
     found = getattr(module, getattr(definition, "__name__", ""), None)
-    return module if found is definition or found in getattr(definition, "__mro__", ()) else None  # (or a subclass)
+    mine = found is definition or any(found is cls for cls in getattr(definition, "__mro__", ()))  # (or a subclass)
+    return module if mine else None
 
 
 class Sources:
@@ -188,7 +189,7 @@ def exec_source(module: ModuleType, file: str) -> None:
     exec(code, module.__dict__)
 
 
-def changed(module: ModuleType) -> bool:
+def stale(module: ModuleType) -> bool:
     """Whether ``module``'s file no longer holds the source it ran (False without a source file)."""
     ran = stamp_of(module)
     now = read_stamp(module.__file__) if ran is not None else None  # type: ignore[arg-type]  # a .py file

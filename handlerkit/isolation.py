@@ -43,7 +43,7 @@ from typing import Any
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
-from handlerkit.freshness import changed, exec_source, import_failure, stamp_of, use_source_finder
+from handlerkit.freshness import exec_source, import_failure, stale, stamp_of, use_source_finder
 
 __all__ = ["clear_module_cache", "dir_modules", "exec_source", "load_module_from_file", "model_dir_imports"]
 
@@ -204,7 +204,7 @@ def _any_imported(names: frozenset[str]) -> bool:
 def _enter(model_dir: str, max_age: float = 0.0) -> _Entered:
     names = _provided(model_dir, max_age)
     # A fresh look (open, initialize, reload; never a run): are the dir's modules what its files hold?
-    if max_age <= 0 and model_dir not in _active and any(map(changed, _caches.get(model_dir, {}).values())):
+    if max_age <= 0 and model_dir not in _active and any(map(stale, _caches.get(model_dir, {}).values())):
         _forget(model_dir)  # a file changed: every module of the dir runs afresh in this block
         _generations[model_dir] = _generations.get(model_dir, 0) + 1
     use_source_finder(model_dir)
@@ -472,7 +472,7 @@ def load_module_from_file(
         with _lock:
             existing = sys.modules.get(module_name)
             if existing is not None and not reload and getattr(existing, "__file__", None) == file:
-                if not changed(existing) and _built_with.get(existing) == (imports, _generations.get(imports, 0)):
+                if not stale(existing) and _built_with.get(existing) == (imports, _generations.get(imports, 0)):
                     return existing  # (and what it imported from the dir holds too)
             if package is not None:
                 _ensure_package(package, directory)
