@@ -37,6 +37,7 @@ from handlerkit.contract import STAGES, HeaderReads, Problem, check_output, skip
 from handlerkit.diagnostics.reports import Reports
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.recording import failures, spy
+from handlerkit.recording import reload as reloading
 from handlerkit.recording.capture import Capture, ListHandler, enable_info_logs
 from handlerkit.recording.recorder import Recorder
 from handlerkit.results import Run, StageResult, run_mode
@@ -239,6 +240,7 @@ class Harness(Reports):
         """Open a capture unless one is open already (a step inside a run); None then."""
         if self._capture is not None:
             return None
+        reloading.warn_if_changed(self.service)  # edited since loaded? (one look a second at most)
         capture = Capture(
             self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry
         )
@@ -454,6 +456,7 @@ class Harness(Reports):
         sends it (:class:`~handlerkit.streaming.Chunk`: request, payload, status, headers, time):
         ``for chunk in h.stream(batch): print(chunk.index, chunk.text)``. It returns the Run (``h.last_run`` too); a failing handler raises its StageError from it
         and the harness stays usable. Breaking out early waits for ``handle`` to finish."""
+        reloading.warn_if_changed(self.service)  # here: run() warns from a worker thread
         return streamed(lambda: self.run(batch_or_data), self.context)
 
     def handle(self, batch_or_data: Any) -> Any:
@@ -462,27 +465,23 @@ class Harness(Reports):
 
     # -- reload ----------------------------------------------------------------------------
     def reload(self) -> None:
-        """Re-import the handler's source and rebind its methods; the loaded model stays.
-
-        The module is executed afresh from its file; only when that succeeds is the live
-        handler's class swapped for the new definition (``initialize`` is not re-run).
-        Results of preprocess and later are dropped.
-        """
-        from handlerkit.recording.reload import reexecuted
-
+        """Execute the handler's file again as it is now (changed or not) and rebind its methods;
+        the model dir's other modules load as when it is opened. The loaded model stays unless a
+        file besides the handler's changed since it was loaded (``model.py``): then initialize
+        runs again. The handler keeps its code when the new one fails; later results are dropped."""
         service = self.service
         service.refresh()
         target = self.function if self.is_function else spy.own_class(self.handler)
-        with service.running("reload", max_age=0):  # a model-dir module is in sys.modules only inside
-            replacement = reexecuted(target, self.name)
-        if self.is_function:
-            service.replace(function=replacement)
-        else:
-            previous = type(self.handler)  # what stage methods taken before (MicroBatching's) run
-            service.replace(handler_class=replacement)
+        with service.running("reload", max_age=0):  # a fresh look: the model dir's modules as on disk
+            replacement, module, rebuild = reloading.reexecuted(target, self.name, service)
+        previous = type(self.handler)  # what stage methods taken before (MicroBatching's) run
+        service.replace(replacement, module)
+        if not self.is_function:
             self._spied = spy.spy_on(self.handler, previous)
         self._handler_files = failures.handler_files(self.function or self.handler)
         self._invalidate_from("preprocess")
+        if rebuild and getattr(self.results.get("initialize"), "ok", False):
+            self.initialize()  # what it built came from code that changed
 
     def __repr__(self) -> str:
         done = ", ".join(f"{k}{'' if v.ok else '!'}" for k, v in self.results.items()) or "nothing run yet"

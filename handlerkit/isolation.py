@@ -9,10 +9,16 @@ class objects come back each time the dir is entered, and are removed from ``sys
 exit. Stdlib and installed modules that a model-dir file happens to shadow are left alone (as
 in TorchServe's worker, which has imported them before the handler), with a warning.
 
+**Fresh code.** A block that takes a fresh look (``max_age=0``: opening a model dir,
+``initialize``, ``reload``) runs the files as they are on disk, as a new TorchServe worker
+would: when one of the dir's cached modules no longer holds its file's content, the dir's whole
+cache is forgotten, so the modules that imported it run again too (simpler and safer than
+tracking who imported what). :mod:`handlerkit.freshness` compiles the files from source.
+
 :func:`load_module_from_file` imports a model dir's file under a name unique to its dir, and
 :func:`exec_source` runs a file's current source (never stale bytecode) for ``Harness.reload``.
 The Harness enters a block on every run, so entering and leaving are kept to a few dict
-operations and no syscall (see ``max_age``).
+operations and no syscall (see ``max_age``); file contents are read only by fresh looks.
 """
 
 from __future__ import annotations
@@ -30,14 +36,16 @@ import sysconfig
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
+from handlerkit.freshness import exec_source, import_failure, stale, stamp_of, use_source_finder
 
-__all__ = ["clear_module_cache", "exec_source", "load_module_from_file", "model_dir_imports"]
+__all__ = ["clear_module_cache", "dir_modules", "exec_source", "load_module_from_file", "model_dir_imports"]
 
 _UNIQUE_PREFIX = "handlerkit_modeldir_"
 
@@ -49,6 +57,17 @@ _owned: dict[int, str] = {}  # id(module) -> dir, for every module in _caches
 _adopted: set[int] = set()  # ids of cached modules that also stay in sys.modules between blocks
 _active: list[str] = []  # the dirs of the open model_dir_imports blocks, innermost last
 _warned_shadows: set[tuple[str, str]] = set()
+_generations: dict[str, int] = {}  # dir -> how many times its cache was forgotten for a changed file
+# a module load_module_from_file loaded -> (the dir whose imports it saw, that dir's generation then)
+_built_with: weakref.WeakKeyDictionary[ModuleType, tuple[str, int]] = weakref.WeakKeyDictionary()
+
+
+def dir_modules(model_dir: str | None) -> list[ModuleType]:
+    """The modules imported from ``model_dir`` in its blocks, and those :func:`load_module_from_file`
+    loaded with its imports (handlerkit's BaseHandler loads the modelFile so)."""
+    with _lock:
+        loaded = [m for m, (d, _) in list(_built_with.items()) if d == model_dir and sys.modules.get(m.__name__) is m]
+        return [*_caches.get(model_dir, {}).values(), *loaded] if model_dir is not None else []
 
 
 @dataclass(slots=True)
@@ -184,6 +203,11 @@ def _any_imported(names: frozenset[str]) -> bool:
 
 def _enter(model_dir: str, max_age: float = 0.0) -> _Entered:
     names = _provided(model_dir, max_age)
+    # A fresh look (open, initialize, reload; never a run): are the dir's modules what its files hold?
+    if max_age <= 0 and model_dir not in _active and any(map(stale, _caches.get(model_dir, {}).values())):
+        _forget(model_dir)  # a file changed: every module of the dir runs afresh in this block
+        _generations[model_dir] = _generations.get(model_dir, 0) + 1
+    use_source_finder(model_dir)
     cache = _caches.setdefault(model_dir, {})
     saved: dict[str, Any] = {}
     present: set[str] = set()
@@ -256,6 +280,22 @@ def _remember(model_dir: str, cache: dict[str, ModuleType], key: str, module: Mo
             _adopted.discard(id(old))
         cache[key] = module
         _owned[id(module)] = model_dir
+        stamp_of(module)  # what it ran, noted now for a module imported some other way
+
+
+def _forget(directory: str) -> None:
+    """Drop the dir's cached modules (and those :func:`load_module_from_file` loaded from it)
+    from the cache and ``sys.modules``; modules imported outside any block stay imported."""
+    for key, module in _caches.pop(directory, {}).items():
+        _owned.pop(id(module), None)
+        if id(module) in _adopted:
+            _adopted.discard(id(module))
+        elif sys.modules.get(key) is module:
+            del sys.modules[key]
+    _listings.pop(directory, None)
+    package = _unique_package(directory)
+    for key in [k for k in sys.modules if k == package or k.startswith(package + ".")]:
+        del sys.modules[key]
 
 
 def _warn_shadow(model_dir: str, key: str, module: Any) -> None:
@@ -284,15 +324,21 @@ def model_dir_imports(model_dir: str | os.PathLike[str] | None, *, max_age: floa
     one gets a warning). ``sys.modules`` is process-wide: do not hold blocks for different dirs
     in several threads at once.
 
-    Entering costs one ``stat`` of the dir, to notice files added since the last block; leaving
-    costs none unless something was imported inside the block.
+    With ``max_age=0`` the dir's modules run its files as they are on disk: when one of its
+    cached modules no longer holds its file's content, the whole cache is forgotten and the
+    block imports the dir's modules afresh (modules imported outside any block are left alone).
+
+    Entering costs one ``stat`` of the dir, to notice files added since the last block, and
+    with ``max_age=0`` a read of each file the dir's modules came from; leaving costs none
+    unless something was imported inside the block.
 
     Args:
         model_dir: the model dir; None makes the block a no-op.
         max_age: trust the dir's cached listing when it was checked less than this many seconds
-            ago, saving the ``stat`` (the Harness passes 1 s for its runs: a syscall costs several
-            microseconds between two bursts of torch work). A file added meanwhile matters only
-            if its name is also imported from outside the dir; it is seen once the age passes.
+            ago, saving the ``stat``, and trust the cached modules (the Harness passes 1 s for
+            its runs: a syscall costs several microseconds between two bursts of torch work; its
+            open, ``initialize`` and ``reload`` pass 0). A file added meanwhile matters only if
+            its name is also imported from outside the dir; it is seen once the age passes.
 
     Returns:
         A context manager whose ``with ... as`` value is the real path of the model dir (None
@@ -347,8 +393,8 @@ class _DirImports:
 def clear_module_cache(model_dir: str | os.PathLike[str] | None = None) -> None:
     """Forget the modules imported from `model_dir` (all dirs when None).
 
-    The next import within a block re-executes the files: use it after editing a model dir's
-    ``.py`` files (class objects change, so rebuild handlers and models). Modules loaded with
+    The next import within a block re-executes the files. A block with ``max_age=0`` does this by
+    itself when a file changed; this forces it. Modules loaded with
     :func:`load_module_from_file` from that dir are dropped too. Modules that were imported
     outside any block (e.g. your project's package when the model dir is the project root) stay
     in ``sys.modules``.
@@ -356,16 +402,7 @@ def clear_module_cache(model_dir: str | os.PathLike[str] | None = None) -> None:
     with _lock:
         dirs = [_normdir(model_dir)] if model_dir is not None else list(_caches)
         for directory in dirs:
-            for key, module in _caches.pop(directory, {}).items():
-                _owned.pop(id(module), None)
-                if id(module) in _adopted:
-                    _adopted.discard(id(module))
-                elif sys.modules.get(key) is module:
-                    del sys.modules[key]
-            _listings.pop(directory, None)
-            package = _unique_package(directory)
-            for key in [k for k in sys.modules if k == package or k.startswith(package + ".")]:
-                del sys.modules[key]
+            _forget(directory)
 
 
 def _unique_package(directory: str) -> str:
@@ -383,17 +420,6 @@ def _ensure_package(package: str, directory: str) -> ModuleType:
     return module
 
 
-def exec_source(module: ModuleType, file: str) -> None:
-    """Execute ``file``'s current source in ``module``, never a cached ``.pyc``.
-
-    A bytecode cache is checked by mtime (whole seconds) and size, so a file rewritten within a
-    second to the same size would run its old code: an edit-and-reload loop must not.
-    """
-    with open(file, "rb") as f:
-        source = importlib.util.decode_source(f.read())
-    exec(compile(source, file, "exec", dont_inherit=True), module.__dict__)
-
-
 def load_module_from_file(
     path: str | os.PathLike[str],
     module_name: str | None = None,
@@ -408,7 +434,8 @@ def load_module_from_file(
     never collide, ``cls.__module__ == module.__name__`` holds for its classes, and pickling and
     ``inspect.getsource`` work. The file runs inside :func:`model_dir_imports` of its dir (or of
     `import_dir`), so its own bare imports resolve there. Loading the same file again returns
-    the same module unless `reload`.
+    the same module unless `reload`, or unless the file changed since it ran (by content), or a
+    module of the import dir that it may have imported did.
 
     Args:
         path: the file.
@@ -421,7 +448,8 @@ def load_module_from_file(
 
     Raises:
         FileNotFoundError: no such file.
-        HandlerLoadError: executing the file raised (the real error is chained).
+        HandlerLoadError: executing the file raised (the real error is chained; a file that
+            does not compile is named with its line and source).
     """
     file = os.path.realpath(os.fspath(path))
     if not os.path.isfile(file):
@@ -432,37 +460,37 @@ def load_module_from_file(
     if module_name is None:
         package = _unique_package(directory)
         module_name = f"{package}.{stem}"
-    with _lock:
-        existing = sys.modules.get(module_name)
-        if existing is not None and not reload and getattr(existing, "__file__", None) == file:
-            return existing
-        if package is not None:
-            _ensure_package(package, directory)
+    imports = _normdir(import_dir if import_dir is not None else directory)
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
         raise HandlerLoadError(
             f"{file} cannot be imported as a Python module: no import loader handles its extension",
             fix="give a Python source file (.py)",
         )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    imports = os.fspath(import_dir) if import_dir is not None else directory
-    done = False
-    try:
-        with model_dir_imports(imports):
+    # A fresh look at its import dir: when a module there changed, the generation moves on.
+    with model_dir_imports(imports):
+        with _lock:
+            existing = sys.modules.get(module_name)
+            if existing is not None and not reload and getattr(existing, "__file__", None) == file:
+                if not stale(existing) and _built_with.get(existing) == (imports, _generations.get(imports, 0)):
+                    return existing  # (and what it imported from the dir holds too)
+            if package is not None:
+                _ensure_package(package, directory)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
             exec_source(module, file)
-        done = True
-    except Exception as exc:
-        raise HandlerLoadError(
-            f"importing {file} failed: {type(exc).__name__}: {exc}",
-            fix=f"correct {os.path.basename(file)} (it runs with {imports} first on sys.path)",
-        ) from exc
-    finally:
-        if not done:
+        except Exception as exc:
             if existing is not None:
                 sys.modules[module_name] = existing
             else:
                 sys.modules.pop(module_name, None)
+            lines, fix = import_failure(exc, imports, file)
+            raise HandlerLoadError(
+                f"importing {file} failed: {type(exc).__name__}: {exc}{lines}",
+                fix=fix or f"correct {os.path.basename(file)} (it runs with {imports} first on sys.path)",
+            ) from exc
+        _built_with[module] = (imports, _generations.get(imports, 0))
     if package is not None:
         setattr(sys.modules[package], stem, module)
     return module

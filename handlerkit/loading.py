@@ -45,6 +45,7 @@ from typing import Any, Literal
 from handlerkit._stack import user_stacklevel
 from handlerkit._text import did_you_mean
 from handlerkit.errors import HandlerkitWarning, HandlerLoadError
+from handlerkit.freshness import import_failure, torchserve_missing
 from handlerkit.isolation import (  # the public ones re-exported: handlerkit.loading is where users met them
     _belongs,
     _normdir,
@@ -274,8 +275,9 @@ def _is_missing(exc: ModuleNotFoundError, name: str) -> bool:
 def _import_failed(spec: str, name: str, scope: str | None, exc: BaseException, builtin: bool) -> HandlerLoadError:
     file = _module_origin(name, scope)
     where = f" ({file})" if file else ""
-    message = f"handler {spec!r}: importing module {name!r}{where} failed: {type(exc).__name__}: {exc}"
-    if isinstance(exc, ImportError) and not builtin:
+    lines, fix = import_failure(exc, scope, file)  # where it failed; a fix of its own for some causes
+    message = f"handler {spec!r}: importing module {name!r}{where} failed: {type(exc).__name__}: {exc}{lines}"
+    if isinstance(exc, ImportError) and not builtin and not torchserve_missing(exc):  # (ts is there under TorchServe)
         hidden = _torchserve_retry_error(spec)
         if hidden is None:
             message += (
@@ -288,14 +290,14 @@ def _import_failed(spec: str, name: str, scope: str | None, exc: BaseException, 
                 f'\nTorchServe 0.12 would have hidden this error behind "{hidden}" (when a handler '
                 f"fails to import it retries the name as one of its built-in handlers)"
             )
-    if isinstance(exc, ModuleNotFoundError) and exc.name:
+    if fix is None and isinstance(exc, ModuleNotFoundError) and exc.name:
         fix = (
             f"if {exc.name!r} is a package, pip install it (and list it in the archive's requirements "
             f"file); if it is one of your files, put it in the model dir (torch-model-archiver --extra-files)"
         )
-    else:
-        fix = f"correct {file or name}: importing it raises the {type(exc).__name__} above"
-    return HandlerLoadError(message, fix=fix)
+    return HandlerLoadError(
+        message, fix=fix or f"correct {file or name}: importing it raises the {type(exc).__name__} above"
+    )
 
 
 def _torchserve_retry_error(spec: str) -> str | None:

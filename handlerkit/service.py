@@ -16,8 +16,8 @@ What it does, in the worker's order (``ts/model_loader.py``, ``ts/service.py``):
    the service owns and removes on :meth:`close`) into a context
    (:meth:`MockContext.from_model_dir <handlerkit.context.MockContext.from_model_dir>`);
 2. **takes the manifest's handler** unless given one, in any form: a spec string (resolved by
-   :func:`handlerkit.loading.resolve_handler`), a class (built with no arguments), an instance,
-   or a module-level ``handle(data, context)`` function;
+   :func:`handlerkit.loading.resolve_handler`, from the files as they are now), a class (built
+   with no arguments), an instance, or a module-level ``handle(data, context)`` function;
 3. **takes the entry point before** ``initialize`` runs: a ``handle`` set on the instance in
    ``__init__`` counts, one set in ``initialize`` does not; a service envelope (``json``,
    ``kserve``, ``kservev2``) is wrapped around it;
@@ -54,7 +54,8 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.async_worker import WorkerLoop, awaiting, is_async_config, refusing_coroutines, unawaited
 from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, HandlerLoadError
-from handlerkit.isolation import model_dir_imports
+from handlerkit.freshness import Sources, module_of
+from handlerkit.isolation import dir_modules, model_dir_imports
 from handlerkit.loading import instantiate, require_handle, resolve_handler
 from handlerkit.workdir import Directories
 
@@ -125,6 +126,7 @@ class Service:
         self.function: Callable[..., Any] | None = None
         #: Where a spec's module came from (``"model_dir"``, ``"handlerkit"``, ``"torchserve"`` …).
         self.origin: str | None = None
+        self.module: Any = None  #: The module the handler's class (or function) was defined in, when known.
         self.archive: Any = getattr(context, "archive", None)  # an unpacked archive's temp dir
         self._home: str | None = None  # the model dir when it exists (see refresh)
         self._directories: Directories | None = None  # working_dir="call": the moves around each call
@@ -136,8 +138,9 @@ class Service:
         self.refresh()
         if working_dir == "process" and self._home is not None:
             os.chdir(self._home)  # before the handler module is imported, as in the worker
-        with self.running(max_age=0):
+        with self.running(max_age=0):  # a fresh look: the model dir's modules as they are on disk now
             self._load(handler if handler is not None else self._manifest_handler(), build)
+        self.sources = Sources([*dir_modules(self._home), self.module])  #: The files its code came from.
         # TorchServe's worker takes the entry point before initialize runs (ts/model_loader.py).
         self._own_handle = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         self.envelope: Envelope | None = None
@@ -249,6 +252,7 @@ class Service:
                 "a handler is a spec string, a class, an instance with a handle method or a "
                 f"handle(data, context) function; got {handler!r}"
             )
+        self.module = module_of(self.function if self.function is not None else type(self.handler))  # in the block
 
     @property
     def name(self) -> str:
@@ -333,15 +337,17 @@ class Service:
         with self.running("handle"):
             return await future
 
-    def replace(self, *, handler_class: type | None = None, function: Callable[..., Any] | None = None) -> None:
-        """Swap in a new definition of the handler (``Harness.reload``): the instance keeps its
-        state and becomes of ``handler_class``, or ``function`` replaces a function handler;
-        the entry point is taken again."""
-        if handler_class is not None:
-            self.handler.__class__ = handler_class
-        if function is not None:
-            self.function = function
+    def replace(self, new: Any, module: Any) -> None:
+        """Swap in ``new``, the handler's class (the instance keeps its state) or function, from
+        ``module`` (``Harness.reload``); the entry point is taken again and :attr:`sources` start
+        afresh, each file as it is now (``Harness.reload`` initializes again when others changed)."""
+        if self.function is not None:
+            self.function = new
+        else:
+            self.handler.__class__ = new
+        self.module = module
         self.entry = self._entry_point()
+        self.sources = self.sources.renewed([*dir_modules(self._home), module])
 
     # -- where it runs -------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -357,12 +363,10 @@ class Service:
     def running(self, label: str = _LABEL, *, max_age: float = 1.0) -> _Running:
         """A context manager under which the handler runs as in its worker: the model dir's
         imports (``import model`` finds the dir's own) and, with ``working_dir="call"``, the
-        model dir as the working directory, the previous one back on exit.
-
-        Blocks nest freely (only the outermost changes directory). ``label`` names the code
-        run inside in the warning given when it changes the working directory. ``max_age``:
-        trust the dir's listing for this many seconds (see :func:`model_dir_imports`).
-        """
+        model dir as the working directory, the previous one back on exit. Blocks nest freely
+        (only the outermost changes directory); ``label`` names the code run inside in the
+        warning given when it changes the working directory. ``max_age``: trust the dir for this
+        many seconds; 0 looks afresh, its modules as its files are now (:func:`model_dir_imports`)."""
         idle = self._idle
         if label == _LABEL and max_age == 1.0 and idle is not None and not idle.entered:
             return idle  # the usual block, made once: the Harness enters one around every batch
@@ -387,6 +391,7 @@ class Service:
             else:
                 self._initialize()
         self._config_after = copy.deepcopy(getattr(self.context, "model_yaml_config", None))
+        self.sources.add(dir_modules(self._home))  # what initialize imported (TorchServe's model.py)
         late = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         if late is not None and late is not self._own_handle:
             warnings.warn(

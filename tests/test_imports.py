@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "handlerkit.pt2": 2,
     "handlerkit.loading": 2,
     "handlerkit.isolation": 2,
+    "handlerkit.freshness": 2,  # whether loaded code is the code on disk (isolation's caches, the Harness's warning)
     "handlerkit.workdir": 2,
     "handlerkit.async_worker": 2,
     "handlerkit.formats": 2,

@@ -284,7 +284,8 @@ def test_load_module_from_file_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_module_from_file(tmp_path / "absent.py")
     write(tmp_path, "broken.py", "import not_installed_for_handlerkit\n")
-    with pytest.raises(HandlerLoadError, match=r"broken\.py failed: ModuleNotFoundError: No module named 'not_installed_for_handlerkit'\n  fix: ") as info:
+    with pytest.raises(HandlerLoadError, match=r"broken\.py failed: ModuleNotFoundError: No module named 'not_installed_for_handlerkit'\n"
+                       r"  at .*broken\.py:1: import not_installed_for_handlerkit\n  fix: ") as info:
         load_module_from_file(tmp_path / "broken.py")
     assert isinstance(info.value.__cause__, ModuleNotFoundError)
     assert info.value.fix == f"correct broken.py (it runs with {os.path.realpath(tmp_path)} first on sys.path)"

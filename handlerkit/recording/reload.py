@@ -1,5 +1,6 @@
 """``Harness.reload``'s work: execute a handler's source file afresh and hand back the new
-definition, leaving the old one in place when the new source fails."""
+definition, leaving the old one in place when the new source fails; and the warning a harness
+gives when the files its code was loaded from changed since."""
 
 from __future__ import annotations
 
@@ -7,21 +8,70 @@ import importlib.util
 import linecache
 import os
 import sys
-from typing import Any
+import warnings
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from handlerkit.errors import HandlerkitError
-from handlerkit.isolation import exec_source
+from handlerkit._stack import user_stacklevel
+from handlerkit.errors import HandlerkitError, HandlerkitWarning
+from handlerkit.freshness import exec_source
 from handlerkit.recording.failures import stage_error
 from handlerkit.recording.locations import defined_in_cell
 
-__all__ = ["reexecuted"]
+if TYPE_CHECKING:
+    from handlerkit.service import Service
+
+__all__ = ["reexecuted", "warn_if_changed"]
 
 
-def reexecuted(target: Any, name: str) -> Any:
-    """The class or function ``target`` as its module's file defines it now.
+def warn_if_changed(service: Service) -> None:
+    """Warn once per change when files the handler's code was loaded from changed since
+    (``handlerkit: handler.py changed since it was loaded: h.reload() to run it``); at most one
+    look a second (:meth:`Sources.changed <handlerkit.freshness.Sources.changed>`)."""
+    changed = service.sources.changed()
+    if not changed:
+        return
+    names = [_shown(f, service.model_dir) for f in changed]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    they = "it was" if len(names) == 1 else "they were"
+    warnings.warn(
+        f"handlerkit: {listed} changed since {they} loaded: h.reload() to run {'it' if len(names) == 1 else 'them'}",
+        HandlerkitWarning,
+        stacklevel=user_stacklevel(),
+    )
 
-    The module is executed from source (never from stale bytecode) into a fresh module object,
-    which replaces the old one in ``sys.modules`` only when it ran and still defines ``target``.
+
+def _shown(file: str, model_dir: str | None) -> str:
+    """A file as the user knows it: relative to the model dir when in it, else its name."""
+    if model_dir and file.startswith(model_dir + os.sep):
+        return os.path.relpath(file, model_dir)
+    return os.path.basename(file)
+
+
+def _namespace(target: Any) -> dict[str, Any] | None:
+    """The globals of the module ``target`` (a class or function) was defined in: its own
+    functions know them, whatever ``sys.modules`` holds under its module's name now (a model
+    dir's module is there only inside its block, and not at all once a changed file made the
+    dir's modules be forgotten)."""
+    if hasattr(target, "__globals__"):
+        return target.__globals__
+    for value in vars(target).values():
+        func = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+        namespace = getattr(func, "__globals__", None)
+        if namespace is not None and namespace.get("__name__") == target.__module__:
+            return namespace
+    module = sys.modules.get(target.__module__)  # a class that defines no function of its own
+    return vars(module) if module is not None else None
+
+
+def reexecuted(target: Any, name: str, service: Service) -> tuple[Any, ModuleType, bool]:
+    """The class or function ``target`` (``service``'s handler) as its module's file defines it
+    now, that module, and whether a file besides it changed since the service loaded it (then
+    what ``initialize`` built may come from the old code).
+
+    The module is executed from source (never from stale bytecode) into a fresh module object
+    of the same name, which replaces the old one in ``sys.modules`` only when it ran and still
+    defines ``target`` (within the model dir's block, the dir's cache keeps it).
 
     Raises:
         StageError: the new source raised (stage ``"reload"``, with the line and the fix).
@@ -35,22 +85,25 @@ def reexecuted(target: Any, name: str) -> Any:
             fix=f"edit and re-run the cell that defines {name}, then build a new Harness from it: "
             f"h = hk.Harness({name}, h.context)",
         )
-    module = sys.modules.get(target.__module__)
-    path = getattr(module, "__file__", None)
+    module = service.module  # (a class that defines no function of its own does not tell its module)
+    namespace = _namespace(target) or (vars(module) if module is not None else None)
+    path = namespace.get("__file__") if namespace is not None else None
+    module_name = namespace.get("__name__", target.__module__) if namespace is not None else target.__module__
     if target.__module__ == "__main__":
         raise HandlerkitError(
             f"cannot reload {name}: it is defined in the script being run (__main__), which reloading would run again",
             fix="define the handler in its own .py file (the model dir's handler.py) to reload it",
         )
-    if module is None or not path or not os.path.isfile(path):
+    if not isinstance(path, str) or not os.path.isfile(path):
         raise HandlerkitError(
             f"cannot reload {name}: its module {target.__module__!r} has no source file",
             fix="define the handler in a .py file (the model dir's handler.py) to reload it",
         )
-    spec = importlib.util.spec_from_file_location(module.__name__, path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise HandlerkitError(f"cannot reload {name}: no loader for {path}")
     fresh = importlib.util.module_from_spec(spec)
+    edited = service.sources.differ()
     try:
         exec_source(fresh, path)
     except Exception as exc:
@@ -67,5 +120,5 @@ def reexecuted(target: Any, name: str) -> Any:
             f"reload of {path}: it no longer defines {target.__name__}; the handler keeps its previous code",
             fix=f"define {target.__name__} again in {os.path.basename(path)}, or build a new Harness",
         )
-    sys.modules[module.__name__] = fresh
-    return replacement
+    sys.modules[module_name] = fresh
+    return replacement, fresh, bool(set(edited) - {path})
