@@ -307,7 +307,10 @@ def streamed(run: Callable[[], R], context: Any) -> Generator[Chunk, None, R]:
 
 
 def _chunks_as_sent(run: Callable[[], R], context: Any, socket: ChunkSocket) -> Generator[Chunk, None, R]:
-    arrived: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    # Each frame with the request ids bound when it was sent (read in the sending thread): by the
+    # time the reader decodes it the context may be bound to another batch (a failure's requests
+    # run alone to find the one at fault).
+    arrived: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
     outcome: dict[str, Any] = {}
 
     def work() -> None:
@@ -318,13 +321,13 @@ def _chunks_as_sent(run: Callable[[], R], context: Any, socket: ChunkSocket) -> 
         finally:
             arrived.put(None)
 
-    socket.listener = arrived.put
+    socket.listener = lambda position: arrived.put((position, dict(context.request_ids or {})))
     worker = threading.Thread(target=work, name="handlerkit-stream", daemon=True)
     worker.start()
     try:
-        while (position := arrived.get()) is not None:
-            try:  # the batch is bound while handle runs: its ids name each chunk's request
-                chunks = socket.chunks(position, context.request_ids)
+        while (sent := arrived.get()) is not None:
+            try:
+                chunks = socket.chunks(*sent)
             except FrameError:
                 continue
             yield from chunks

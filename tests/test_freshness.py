@@ -10,6 +10,7 @@ On the new users' handlers (tests/_new_users.py) and the TorchServe-based tabula
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -230,7 +231,7 @@ def test_reload_without_an_edit_runs_the_file_again(tmp_path):
         h.reload()
         classes.append(own_class(h.handler))
     assert len(set(classes)) == 3  # executed afresh each time, into a fresh module
-    assert [c.preprocess.__globals__["LOADS"] for c in classes] == [1, 1, 1]
+    assert [inspect.unwrap(c.preprocess).__globals__["LOADS"] for c in classes] == [1, 1, 1]
     assert sys.modules.get("handler") is None  # the dir's module lives in the dir's cache only
     assert h.handler.model is model
 

@@ -4,7 +4,9 @@ gives when the files its code was loaded from changed since."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import inspect
 import linecache
 import os
 import sys
@@ -57,6 +59,8 @@ def _namespace(target: Any) -> dict[str, Any] | None:
         return target.__globals__
     for value in vars(target).values():
         func = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+        with contextlib.suppress(ValueError):  # a __wrapped__ cycle
+            func = inspect.unwrap(func)  # a wrapped stage method (PerRequestErrors's) is the user's inside
         namespace = getattr(func, "__globals__", None)
         if namespace is not None and namespace.get("__name__") == target.__module__:
             return namespace
