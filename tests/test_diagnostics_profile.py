@@ -214,6 +214,20 @@ def test_a_failing_stage_raises_and_leaves_the_handler_usable():
     toy.fail = True
     with pytest.raises(StageError, match="inference blew up") as info:
         profile_stages(h, hk.Batch.coerce([[1], [2]]), warmup=0)
+def test_a_profile_says_what_it_was_timed_under_and_warns_on_a_busy_machine(monkeypatch):
+    from handlerkit.errors import HandlerkitWarning
+
+    monkeypatch.setattr(device_mod, "cpu_threads", lambda: device_mod.CpuThreads(2, 1, 2, 5.0))
+    with pytest.warns(HandlerkitWarning, match=r"the 1-minute load is 5.0: its threads wait for busy cores"):
+        report = toy_harness(Toy()).profile([[1]], top=3)
+    warning = device_mod.CpuThreads(2, 1, 2, 5.0).warning
+    assert report.notes == ["torch: 2 intra-op / 1 inter-op threads, 2 usable core(s), 1-minute load 5.0", warning]
+    assert str(report).endswith(f"note: {warning}")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["conditions"] == {"intra_op_threads": 2, "inter_op_threads": 1, "cores": 2, "load_1min": 5.0,
+                                  "warning": warning}  # fmt: skip
+
+
     assert info.value.stage == "inference"
     assert vars(toy)["preprocess"] is own_preprocess
     assert "inference" not in vars(toy) and "postprocess" not in vars(toy)

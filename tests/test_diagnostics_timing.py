@@ -8,12 +8,15 @@ import time
 import numpy as np
 import pytest
 
+from handlerkit import devices
 from handlerkit.diagnostics.timing import (
     END_TO_END,
+    Conditions,
     SweepReport,
     TimingReport,
     TimingStats,
     batch_sizes,
+    fastest,
     summarize,
     time_callable_stages,
 )
@@ -28,11 +31,14 @@ def test_summarize_matches_numpy() -> None:
     assert s.n == 10 and s.min == 1.0 and s.total == 55.0 and s.mean == 5.5
     assert s.median == pytest.approx(np.percentile(samples, 50))
     assert s.p90 == pytest.approx(np.percentile(samples, 90)) == pytest.approx(9.1)
+    assert (s.p25, s.p75) == (pytest.approx(np.percentile(samples, 25)), pytest.approx(np.percentile(samples, 75)))
     assert s.std == pytest.approx(np.std(samples, ddof=1))
 
 
 def test_summarize_single_sample() -> None:
-    assert summarize([4.0]) == TimingStats(n=1, min=4.0, median=4.0, p90=4.0, mean=4.0, std=0.0, total=4.0)
+    assert summarize([4.0]) == TimingStats(
+        n=1, min=4.0, p25=4.0, median=4.0, p75=4.0, p90=4.0, mean=4.0, std=0.0, total=4.0
+    )
 
 
 def test_summarize_rejects_empty_and_non_finite() -> None:
@@ -40,6 +46,102 @@ def test_summarize_rejects_empty_and_non_finite() -> None:
         summarize([])
     with pytest.raises(ValueError, match="finite"):
         summarize([1.0, float("nan")])
+
+
+# --- the fastest, beyond the run's noise ------------------------------------------------------
+
+
+def test_a_lead_beyond_both_spreads_names_the_fastest() -> None:
+    verdict = fastest({"eager": summarize([2.0, 2.1, 1.9, 2.0, 2.2]), "onnx": summarize([1.0, 1.1, 1.2, 1.1, 1.0])})
+    assert (verdict.best, verdict.fastest, verdict.within_noise) == ("onnx", "onnx", ("onnx",))
+    assert verdict.reason == (
+        "onnx is fastest: 1.1 ms (p25-p75 1-1.1) against eager 2 ms (p25-p75 2-2.1), a lead beyond both spreads"
+    )
+
+
+def test_a_lead_inside_the_noise_names_no_winner() -> None:
+    # Two runs a minute apart named TorchScript, then ONNX: their middle halves overlap.
+    timings = {
+        "torchscript": summarize([0.40, 0.42, 0.55, 0.41, 0.60]),
+        "onnx": summarize([0.43, 0.39, 0.58, 0.44, 0.50]),
+    }
+    verdict = fastest(timings)
+    assert verdict.best is None and verdict.fastest == "torchscript"
+    assert verdict.within_noise == ("torchscript", "onnx")
+    assert verdict.reason == (
+        "no clear winner (within noise: torchscript 0.42 ms (p25-p75 0.41-0.55), onnx 0.44 ms (p25-p75 0.43-0.5))"
+    )
+    assert verdict.to_dict()["best"] is None
+
+
+def test_a_lead_equal_to_the_noise_is_no_lead() -> None:
+    # a: median 1, p75 2; b: p25 2, median 3. The lead (2) equals the noise (1 + 1).
+    tie = fastest({"a": summarize([1.0, 1.0, 1.0, 2.0, 2.0]), "b": summarize([2.0, 2.0, 3.0, 3.0, 3.0])})
+    assert tie.best is None and tie.within_noise == ("a", "b")
+    ahead = fastest({"a": summarize([1.0, 1.0, 1.0, 2.0, 2.0]), "b": summarize([2.1, 2.1, 3.0, 3.0, 3.0])})
+    assert ahead.best == "a"
+
+
+def test_steady_timings_without_spread_differ_by_any_lead() -> None:
+    assert fastest({"b": summarize([1.5] * 3), "a": summarize([1.0] * 3)}).best == "a"
+    same = fastest({"a": summarize([1.0] * 3), "b": summarize([1.0] * 3)})
+    assert same.best is None and same.within_noise == ("a", "b")
+
+
+def test_one_tied_runner_up_is_enough_for_no_winner() -> None:
+    verdict = fastest(
+        {
+            "eager": summarize([5.0, 5.2, 4.9, 5.1]),
+            "torchscript": summarize([1.0, 1.4, 1.1, 1.3]),
+            "onnx": summarize([1.2, 1.3, 1.1, 1.5]),
+        }
+    )
+    assert verdict.best is None and verdict.within_noise == ("torchscript", "onnx")  # eager is clearly behind
+
+
+def test_too_few_calls_measure_no_noise_and_one_timing_wins_alone() -> None:
+    few = fastest({"a": summarize([1.0, 1.0]), "b": summarize([9.0, 9.0, 9.0])})
+    assert few.best is None and few.fastest == "a"
+    assert few.reason == (
+        "no clear winner (within noise: too few timed calls to measure it, a 2; time at least 3 calls each)"
+    )
+    alone = fastest({"eager": summarize([3.0])})
+    assert (alone.best, alone.reason) == ("eager", "eager is the only one timed")
+    nothing = fastest({})
+    assert (nothing.best, nothing.fastest, nothing.reason) == (None, None, "nothing was timed")
+
+
+# --- the conditions ---------------------------------------------------------------------------
+
+
+def test_conditions_note_and_warn_once_with_the_spelling_in_force(monkeypatch) -> None:
+    from handlerkit.errors import HandlerkitWarning
+
+    monkeypatch.setattr(devices.os, "getloadavg", lambda: (6.0, 6.0, 6.0))
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1})
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        in_python = Conditions.measure()
+        with devices.threads_advice("run with --threads {n}"):
+            on_the_cli = Conditions.measure()
+    finally:
+        torch.set_num_threads(before)
+    assert in_python.warning is not None and in_python.warning.endswith("or torch.set_num_threads(1) for a small model")
+    assert on_the_cli.warning is not None and on_the_cli.warning.endswith("or run with --threads 1 for a small model")
+    notes: list[str] = []
+    with pytest.warns(HandlerkitWarning, match=r"^handlerkit: torch runs 2 intra-op threads on 2 core\(s\) while"):
+        on_the_cli.report(notes)
+    assert notes == [f"torch: {on_the_cli.threads}", on_the_cli.warning]
+    assert on_the_cli.to_dict() == {
+        "intra_op_threads": 2,
+        "inter_op_threads": on_the_cli.threads.inter_op,
+        "cores": 2,
+        "load_1min": 6.0,
+        "warning": on_the_cli.warning,
+    }
 
 
 # --- runner --------------------------------------------------------------------------------
@@ -197,3 +299,32 @@ def test_timing_names_torchs_threads_and_warns_on_a_busy_machine(monkeypatch) ->
         busy = h.time([{"body": [1.0]}], warmup=0, repeat=2, progress=False)
     assert any("1-minute load is 4.5" in note for note in busy.notes)
     assert "torch threads" in str(h.device_report())
+
+
+def test_a_sweep_measures_the_conditions_once_and_reports_them(monkeypatch) -> None:
+    import warnings as warnings_module
+
+    import handlerkit as hk
+    from handlerkit.errors import HandlerkitWarning
+
+    def handle(data, context):
+        return None if data is None else [len(row["body"]) for row in data]
+
+    h = hk.Harness(handle, hk.MockContext())
+    measured = []
+
+    def busy() -> devices.CpuThreads:
+        measured.append(1)
+        return devices.CpuThreads(2, 2, 2, 4.5)
+
+    monkeypatch.setattr(devices, "cpu_threads", busy)
+    with warnings_module.catch_warnings(record=True) as caught:
+        warnings_module.simplefilter("always")
+        sweep = h.sweep([{"body": [1.0]}], batch_sizes=[1, 2], warmup=0, repeat=1, progress=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, HandlerkitWarning)]
+    assert len(measured) == 1 and len(said) == 1 and "1-minute load is 4.5" in said[0]
+    assert sweep.notes == ["torch: 2 intra-op / 2 inter-op threads, 2 usable core(s), 1-minute load 4.5", said[0][12:]]
+    assert "1-minute load is 4.5" in str(sweep) and "1-minute load is 4.5" in sweep._repr_mimebundle_()["text/html"]
+    data = json.loads(json.dumps(sweep.to_dict()))
+    assert data["conditions"]["load_1min"] == 4.5 and data["conditions"]["warning"] == said[0][12:]
+    assert all(report["conditions"]["load_1min"] == 4.5 for report in data["reports"])

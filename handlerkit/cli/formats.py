@@ -11,12 +11,14 @@ from handlerkit.cli._common import (
     FAILED,
     OK,
     Outcome,
+    add_threads_argument,
     header,
     jsonable,
     loaded_batch,
     model_command,
     non_negative,
     positive,
+    torch_threads,
 )
 
 HELP = "compare the model's formats (TorchScript, ONNX, export, ...) inside the handler; --save one"
@@ -55,6 +57,7 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         "--repeat", metavar="N", type=positive, default=10, help="steady calls timed per format (default: 10)"
     )
     group.add_argument("--warmup", metavar="N", type=non_negative, default=1, help="calls discarded first (default: 1)")
+    add_threads_argument(group)
 
 
 def _format_list(text: str) -> list[str]:
@@ -77,7 +80,7 @@ def command(args: argparse.Namespace) -> Outcome:
         from handlerkit.cli._common import InputError
 
         raise InputError("--replace deletes earlier saves when --save FORMAT saves a new one: give --save too")
-    with loaded_batch(args) as (model, batch):
+    with torch_threads(args), loaded_batch(args) as (model, batch):
         report = model.harness.compare_formats(
             batch,
             formats=args.formats,

@@ -12,7 +12,9 @@ One report, read from torch's structured records rather than its log text
    hint, graph-break code and its page) and the recompiles with their reasons, and which input
    dimensions are dynamic;
 4. the steady-state median of the compiled model against the eager one (``_orig_mod``, swapped
-   in for the timing and put back whatever happens) on the same batch;
+   in for the timing and put back whatever happens) on the same batch, with the run's noise
+   and the conditions it was timed under; a compiled model slower than eager beyond that
+   noise is a problem, with its fix;
 5. with ``batch_sizes``, the deploy-time recompile gate (:mod:`._compile_gate`).
 
 The report leaves torch as it found it: it never calls ``torch._dynamo.reset()`` or
@@ -49,7 +51,7 @@ from handlerkit.diagnostics._dynamo_events import (
 from handlerkit.diagnostics._specialisations import Specialisation, specialisations
 from handlerkit.diagnostics._view import HarnessView, model_handler
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
-from handlerkit.diagnostics.timing import TimingStats, summarize
+from handlerkit.diagnostics.timing import Conditions, Fastest, TimingStats, fastest, spread, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 
 __all__ = ["CompileReport", "CompiledFrame", "GateResult", "GraphBreak", "Recompile", "compile_report"]
@@ -88,6 +90,7 @@ class CompileReport(Rendered):
         timed_stage: ``"inference"``, or ``"handle"`` for a handler that runs no stages.
         steady_compiled / steady_eager: milliseconds of ``timed_stage`` per call, after warm-up
             (the inference stage is called alone on the first run's input).
+        conditions: what the steady calls were timed under (threads, cores, load).
         gate: the recompile gate's verdict per batch size (empty unless ``batch_sizes`` given).
         problems: what needs fixing, each with its fix.
         notes: facts worth knowing next to the numbers.
@@ -121,6 +124,7 @@ class CompileReport(Rendered):
     timed_stage: str = "inference"
     steady_compiled: TimingStats | None = None
     steady_eager: TimingStats | None = None
+    conditions: Conditions | None = None
     gate: list[GateResult] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -146,6 +150,14 @@ class CompileReport(Rendered):
         return self.steady_eager.median / self.steady_compiled.median
 
     @property
+    def faster(self) -> Fastest | None:
+        """Compiled or eager, whichever is faster beyond the steady calls' noise
+        (:func:`~handlerkit.diagnostics.timing.fastest`); None unless both were timed."""
+        if self.steady_compiled is None or self.steady_eager is None:
+            return None
+        return fastest({"compiled": self.steady_compiled, "eager": self.steady_eager})
+
+    @property
     def recompiling_sizes(self) -> list[int]:
         return [g.batch_size for g in self.gate if g.recompiles]
 
@@ -159,7 +171,15 @@ class CompileReport(Rendered):
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (front ends and notebooks read this); ``graph_caches``
         lists each graph's cache outcomes, next to ``cold_compile_s`` / ``cache_load_s``."""
-        extra = {"speedup": self.speedup, "gate_ok": self.gate_ok, "graph_caches": facts.graph_caches(self.graphs)}
+        faster = self.faster
+        extra = {
+            "speedup": self.speedup,
+            "faster": None if faster is None else faster.best,
+            "timing_verdict": None if faster is None else faster.reason,
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
+            "gate_ok": self.gate_ok,
+            "graph_caches": facts.graph_caches(self.graphs),
+        }
         return {**asdict(self), **extra}
 
     # -- rendering --------------------------------------------------------------------------
@@ -180,7 +200,9 @@ class CompileReport(Rendered):
             f"{len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s), {len(self.recompiles)} recompile(s)"
         )
         if self.speedup is not None:
-            parts.append(f"speedup {self.speedup:.2f}x over eager")
+            best = self.faster.best if self.faster is not None else None
+            said = {None: " (within noise)", "eager": " (slower: see the problems)"}.get(best, "")
+            parts.append(f"speedup {self.speedup:.2f}x over eager{said}")
         if self.gate:
             sizes = self.recompiling_sizes
             parts.append(f"gate: batch {', '.join(map(str, sizes))} recompile" if sizes else "gate: no recompile")
@@ -213,17 +235,19 @@ class CompileReport(Rendered):
             if self.cache_load_s is not None:
                 cost.append(["graphs loaded from the FX graph cache s", self.cache_load_s])
         steady = [
-            [name, s.n, s.median, s.p90]
+            [name, s.n, s.median, f"{s.p25:.3g}-{s.p75:.3g}", s.p90]
             for name, s in (("compiled", self.steady_compiled), ("eager", self.steady_eager))
             if s is not None
         ]
         if self.speedup is not None:
-            steady.append(["speedup (eager / compiled)", "", self.speedup, ""])
+            steady.append(["speedup (eager / compiled)", "", self.speedup, "", ""])
         return [
             Table(kv, settings, "pt2"),
             Table(kv, cost, "first call"),
             Table(
-                ("", "n", "median ms", "p90 ms"), steady, f"steady state ({self.timed_stage}, batch {self.batch_size})"
+                ("", "n", "median ms", "p25-p75 ms", "p90 ms"),
+                steady,
+                f"steady state ({self.timed_stage}, batch {self.batch_size})",
             ),
             Table(
                 (
@@ -337,15 +361,18 @@ def compile_report(
                 if sizes:
                     report.notes.append("the model is not compiled: the recompile gate has nothing to check")
                 return report
+            report.conditions = Conditions.measure()  # before the steady calls: the load without them
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 later = _steady(report, view, batch, run, warmup, repeat, bar)
                 report.graph_breaks = graph_breaks(first.breaks + later.breaks)
                 report.specialisations = specialisations(first.specialised + later.specialised)
+                report.problems.extend(_slower_than_eager(report, later))
                 if sizes:
                     report.gate, stance = run_gate(view, batch, sizes, bar)
                     report.problems.extend(gate_problems(report.gate))
                     _gate_notes(report, stance)
+            report.conditions.report(report.notes)
     finally:
         counters.restore()
     if report.graph_breaks:
@@ -479,6 +506,46 @@ def _steady(
         report.notes.append(f"the eager model failed where the compiled one ran: {type(exc).__name__}: {exc}")
     bar.update()
     return later
+
+
+#: Backends that trace and run the graph as eager PyTorch: they check Dynamo, they generate no code.
+_DEBUG_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition")
+
+
+def _slower_than_eager(report: CompileReport, later: DynamoEvents) -> list[Problem]:
+    """A problem when the compiled model is slower than eager beyond the steady calls' noise, with
+    the fixes the report's facts point at, ending with serving eager; none otherwise."""
+    faster, compiled, eager = report.faster, report.steady_compiled, report.steady_eager
+    if faster is None or compiled is None or eager is None:
+        return []
+    if faster.best != "eager":
+        if faster.best is None:
+            report.notes.append(f"compiled against eager: {faster.reason}")
+        return []
+    fixes = []
+    if report.backend in _DEBUG_BACKENDS:
+        fixes.append(f"backend {report.backend!r} generates no code (it checks tracing): use backend: inductor")
+    if later.frames:
+        fixes.append(
+            "the steady calls compiled again (see recompiles): warm the model up with the shapes traffic brings, "
+            "or mark the varying dimension dynamic"
+        )
+    if report.graph_breaks:
+        fixes.append(f"remove the {len(report.graph_breaks)} graph break(s) (each hint says how)")
+    if report.pt2_settings.get("dynamic") is True:
+        fixes.append("dynamic: true compiles shape-generic code: leave it unset where shapes are fixed")
+    mode = report.pt2_settings.get("mode")
+    if mode:
+        fixes.append(f"try without mode {mode!r}")
+    fixes.append(
+        "or serve eager (pt2: {compile: {enable: false}} in model-config.yaml): a small model's work can cost "
+        "less than the compiled code's guards and calls"
+    )
+    message = (
+        f"the compiled model is slower than eager: {report.timed_stage} takes {spread(compiled)} compiled and "
+        f"{spread(eager)} eager ({eager.median / compiled.median:.2f}x), a difference beyond the run's noise"
+    )
+    return [Problem("compile-slower", message, "; ".join(fixes), report.timed_stage, severity="warning")]
 
 
 def _gate_notes(report: CompileReport, stance: bool) -> None:

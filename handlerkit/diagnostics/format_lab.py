@@ -13,7 +13,9 @@ The handler's model (its eager ``nn.Module``) is exported to each format asked f
 3. the batch sizes the model accepts: 1, the batch's size and one more, each checked
    against the eager model on the same rows;
 4. the steady state: every format's inference stage timed side by side, in an order that
-   rotates from round to round, so a machine that slows down does not favour one format.
+   rotates from round to round, so a machine that slows down does not favour one format; the
+   best is named only when its lead is beyond the run's noise (:func:`.timing.fastest`), and
+   the report says what it was timed under (:class:`.timing.Conditions`).
 
 A format that does not export is reported with the exporter's error, the line of the model
 that stopped it (:mod:`._format_export`) and a fix. The handler is left as found: its model is
@@ -38,7 +40,7 @@ from handlerkit.diagnostics._compile_gate import eager_model
 from handlerkit.diagnostics._format_export import ExportFailure, make, quiet, save_dir, save_made
 from handlerkit.diagnostics._view import HarnessView, model_handler
 from handlerkit.diagnostics.runs import diagnostic_runs
-from handlerkit.diagnostics.timing import TimingStats, summarize
+from handlerkit.diagnostics.timing import Conditions, Fastest, TimingStats, fastest, summarize
 from handlerkit.errors import HandlerkitError
 
 __all__ = ["DEFAULT_FORMATS", "LAB_FORMATS", "FormatReport", "FormatRow", "compare_formats"]
@@ -121,8 +123,9 @@ class FormatReport(Rendered):
         rows: one :class:`FormatRow` per format, eager first.
         repeat / warmup: steady-state calls timed, and discarded before, per format.
         atol / rtol: the tolerance the answers are compared with.
-        notes: facts worth reading next to the numbers.
+        notes: facts worth reading next to the numbers (the conditions' among them).
         saved: the format saved into the model dir (``save=``), or None.
+        conditions: what the steady state was timed under (threads, cores, load).
     """
 
     handler: str
@@ -135,6 +138,7 @@ class FormatReport(Rendered):
     rtol: float = 1e-4
     notes: list[str] = field(default_factory=list)
     saved: Any = None
+    conditions: Conditions | None = None
 
     @property
     def ok(self) -> bool:
@@ -142,10 +146,17 @@ class FormatReport(Rendered):
         return bool(self.rows) and all(row.agrees for row in self.rows)
 
     @property
+    def verdict(self) -> Fastest:
+        """Which format that agrees with eager is fastest in the steady state, and whether its
+        lead is beyond the run's noise (:func:`~handlerkit.diagnostics.timing.fastest`)."""
+        return fastest({row.format: row.steady for row in self.rows if row.agrees and row.steady is not None})
+
+    @property
     def best(self) -> FormatRow | None:
-        """The fastest format (steady-state median) whose answers agree with eager's."""
-        timed = [row for row in self.rows if row.agrees and row.steady is not None]
-        return min(timed, key=lambda row: row.steady.median if row.steady else 0.0, default=None)
+        """The fastest format whose answers agree with eager's, when its lead over every other is
+        beyond the run's noise; None when there is no clear winner (:attr:`verdict` says why)."""
+        best = self.verdict.best
+        return None if best is None else self.row(best)
 
     def row(self, fmt: str) -> FormatRow:
         """The row of format ``fmt``."""
@@ -167,16 +178,22 @@ class FormatReport(Rendered):
             "rtol": self.rtol,
             "ok": self.ok,
             "best": None if best is None else best.format,
+            "verdict": self.verdict.reason,
             "rows": [row.to_dict() for row in self.rows],
             "notes": list(self.notes),
             "saved": None if self.saved is None else self.saved.to_dict(),
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
         }
 
     def _summary(self) -> str:
         best = self.best
         failed = [r.format for r in self.rows if not r.exported]
         differ = [r.format for r in self.rows if r.exported and not r.agrees]
-        parts = [f"best: {best.format}" if best is not None else "no format agrees with eager"]
+        verdict = self.verdict
+        if best is not None:
+            parts = [f"best: {best.format}"]
+        else:
+            parts = [verdict.reason if verdict.fastest is not None else "no format agrees with eager"]
         if failed:
             parts.append(f"not exported: {', '.join(failed)}")
         if differ:
@@ -201,6 +218,7 @@ class FormatReport(Rendered):
                     r.export_s,
                     r.first_call_ms,
                     None if r.steady is None else r.steady.median,
+                    None if r.steady is None else f"{r.steady.p25:.3g}-{r.steady.p75:.3g}",
                     ratio,
                     format_bytes(r.peak_bytes) if r.peak_bytes is not None else None,
                     format_bytes(r.artifact_bytes) if r.artifact_bytes is not None else None,
@@ -208,7 +226,7 @@ class FormatReport(Rendered):
                 ]
             )
         headers = ("format", "exported", "answers", "max abs diff", "export s", "first call ms", "median ms",
-                   "speedup", "peak memory", "size", "batch sizes")  # fmt: skip
+                   "p25-p75 ms", "speedup", "peak memory", "size", "batch sizes")  # fmt: skip
         how = [[r.format, r.how, _dynamic(r)] for r in self.rows if r.exported]
         failures = [
             [r.format, r.failure.error, r.failure.where, r.failure.source, r.failure.fix]
@@ -319,6 +337,7 @@ def compare_formats(
                     row.log = "".join(said)
                 bar.update()
             bar.set_description(f"formats of {view.name}: steady state")
+            report.conditions = Conditions.measure()  # before the steady calls: the load without them
             _steady(report, models, handler, data, warmup, repeat)
             if save is not None:
                 report.saved, note = save_made(report.row(save), model_dir, workdir, handler, replace)
@@ -332,6 +351,8 @@ def compare_formats(
         report.notes.append("what the exporters printed, logged or warned is kept in each row's .log")
     if report.rows and report.rows[0].first_call_ms is not None:
         report.notes.append("eager's first call is not fresh: the reference run called the model before it")
+    if report.conditions is not None:
+        report.conditions.report(report.notes)
     return report
 
 

@@ -1,4 +1,6 @@
-"""Repeated timing of a handler's stages (``Harness.time``) and batch-size sweeps (``Harness.sweep``).
+"""Repeated timing of a handler's stages (``Harness.time``) and batch-size sweeps (``Harness.sweep``),
+and what every timed report shares: the conditions a timing was taken under and the rule that
+names a fastest.
 
 Each pass is a real run (:meth:`Harness.run`, through the handler's own ``handle``, so a
 handler that splits the batch is timed as TorchServe runs it) inside
@@ -7,6 +9,11 @@ after); the stages' times come from the harness's device-synchronised timer
 (:class:`handlerkit.timer.Timer`), device time where there is one.
 :func:`time_callable_stages` repeats any pass and collects the per-stage milliseconds it
 returns; :class:`TimingReport` and :class:`SweepReport` render themselves.
+
+Every timed report (these two, ``compare_formats``, ``compile_report``, ``profile``) says what
+it was timed under (:class:`Conditions`: torch's threads, the usable cores, the load, and the
+warning when they make the numbers unreliable) and declares a fastest only beyond the run's own
+noise (:func:`fastest`).
 """
 
 from __future__ import annotations
@@ -31,10 +38,14 @@ from handlerkit.timer import percentile
 
 __all__ = [
     "END_TO_END",
+    "MIN_SAMPLES",
+    "Conditions",
+    "Fastest",
     "SweepReport",
     "TimingReport",
     "TimingStats",
     "batch_sizes",
+    "fastest",
     "resize_batch",
     "summarize",
     "sweep_stages",
@@ -53,13 +64,16 @@ class TimingStats:
     """Summary of a list of timings in milliseconds.
 
     ``median`` and ``p90`` use linear interpolation between closest ranks (numpy's default
-    ``percentile`` method), so ``p90`` of ``[1, …, 10]`` is 9.1. ``std`` is the sample
-    standard deviation (n − 1 in the denominator), 0.0 for a single sample.
+    ``percentile`` method), so ``p90`` of ``[1, …, 10]`` is 9.1; ``p25`` to ``p75`` is the
+    run's noise around the median (:func:`fastest`). ``std`` is the sample standard deviation
+    (n − 1 in the denominator), 0.0 for a single sample.
     """
 
     n: int
     min: float
+    p25: float
     median: float
+    p75: float
     p90: float
     mean: float
     std: float
@@ -87,12 +101,121 @@ def summarize(samples: Iterable[float]) -> TimingStats:
     return TimingStats(
         n=len(values),
         min=ordered[0],
+        p25=percentile(ordered, 25),
         median=percentile(ordered, 50),
+        p75=percentile(ordered, 75),
         p90=percentile(ordered, 90),
         mean=total / len(values),
         std=statistics.stdev(values) if len(values) > 1 else 0.0,
         total=total,
     )
+
+
+def spread(s: TimingStats) -> str:
+    """``"1.23 ms (p25-p75 1.10-1.40)"``: a median with the run's noise around it."""
+    return f"{s.median:.3g} ms (p25-p75 {s.p25:.3g}-{s.p75:.3g})"
+
+
+MIN_SAMPLES = 3
+"""Timed calls each side needs before :func:`fastest` tells a lead from noise (two calls have no middle half)."""
+
+
+@dataclass(frozen=True)
+class Fastest:
+    """Which of several timings is fastest, declared only beyond the run's own noise.
+
+    Attributes:
+        best: the clear winner, or None (none timed, too few calls, or a lead inside the noise).
+        fastest: the lowest median, winner or not (None when nothing was timed).
+        within_noise: the names whose timings cannot be told from the fastest's, it first.
+        reason: one line saying why (``"no clear winner (within noise: ...)"`` when there is none).
+    """
+
+    best: str | None
+    fastest: str | None
+    within_noise: tuple[str, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fastest(timings: Mapping[str, TimingStats]) -> Fastest:
+    """The fastest of ``timings`` (name → statistics of the same work, in ms), when it is clear.
+
+    The lowest median wins only when its lead over every other exceeds the noise of both
+    sides: the lead (the other's median minus its own) must be larger than its own upper spread
+    (p75 − median) plus the other's lower spread (median − p25), that is, its p75 lies below
+    every other's p25. Each side needs :data:`MIN_SAMPLES` calls; a single timing wins alone.
+    """
+    if not timings:
+        return Fastest(None, None, (), "nothing was timed")
+    ranked = sorted(timings, key=lambda name: timings[name].median)
+    first = ranked[0]
+    if len(ranked) == 1:
+        return Fastest(first, first, (first,), f"{first} is the only one timed")
+    lead = timings[first]
+    few = [name for name in ranked if timings[name].n < MIN_SAMPLES]
+    if few:
+        counts = ", ".join(f"{name} {timings[name].n}" for name in few)
+        return Fastest(
+            None,
+            first,
+            tuple(ranked),
+            f"no clear winner (within noise: too few timed calls to measure it, {counts}; "
+            f"time at least {MIN_SAMPLES} calls each)",
+        )
+
+    def tied(name: str) -> bool:
+        other = timings[name]
+        return other.median - lead.median <= (lead.p75 - lead.median) + (other.median - other.p25)
+
+    close = [first, *(name for name in ranked[1:] if tied(name))]
+    if len(close) > 1:
+        shown = ", ".join(f"{name} {spread(timings[name])}" for name in close)
+        return Fastest(None, first, tuple(close), f"no clear winner (within noise: {shown})")
+    runner = timings[ranked[1]]
+    return Fastest(
+        first,
+        first,
+        (first,),
+        f"{first} is fastest: {spread(lead)} against {ranked[1]} {spread(runner)}, a lead beyond both spreads",
+    )
+
+
+# --- conditions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a timing was taken under: torch's CPU threads, the usable cores and the 1-minute
+    load (:class:`handlerkit.devices.CpuThreads`), measured before the timed runs (the load the
+    machine had without them), and the warning when they make the numbers unreliable."""
+
+    threads: devices.CpuThreads
+
+    @classmethod
+    def measure(cls) -> Conditions:
+        """The conditions now (:func:`handlerkit.devices.cpu_threads`)."""
+        return cls(devices.cpu_threads())
+
+    @property
+    def warning(self) -> str | None:
+        return self.threads.warning
+
+    def notes(self) -> list[str]:
+        """The report's notes: the threads, and the warning when there is one."""
+        return [f"torch: {self.threads}", *([self.warning] if self.warning else [])]
+
+    def report(self, notes: list[str]) -> None:
+        """Add :meth:`notes` to a timed report's ``notes`` and give the warning
+        (a :class:`~handlerkit.errors.HandlerkitWarning`) when there is one."""
+        notes.extend(self.notes())
+        if self.warning:
+            warnings.warn(f"handlerkit: {self.warning}", HandlerkitWarning, stacklevel=user_stacklevel())
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.threads.to_dict()
 
 
 # --- runner ------------------------------------------------------------------------------
@@ -173,7 +296,8 @@ class TimingReport(Rendered):
         warmup: discarded passes before measuring.
         repeat: measured passes.
         device: where the model ran, e.g. ``"cpu"`` or ``"cuda:0"``.
-        notes: facts worth reading next to the numbers.
+        notes: facts worth reading next to the numbers (the conditions' among them).
+        conditions: what the timing was taken under (threads, cores, load), when measured.
     """
 
     stages: dict[str, TimingStats]
@@ -183,6 +307,7 @@ class TimingReport(Rendered):
     repeat: int = 1
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    conditions: Conditions | None = None
 
     @classmethod
     def from_samples(
@@ -194,6 +319,7 @@ class TimingReport(Rendered):
         repeat: int | None = None,
         device: Any = "cpu",
         notes: Iterable[str] = (),
+        conditions: Conditions | None = None,
     ) -> TimingReport:
         """Build a report from ``{stage: [ms]}`` (what :func:`time_callable_stages` returns).
 
@@ -204,7 +330,7 @@ class TimingReport(Rendered):
         e2e = summarize(samples[END_TO_END]) if END_TO_END in samples else None
         if repeat is None:
             repeat = max((len(v) for v in samples.values()), default=0)
-        return cls(stages, e2e, batch_size, warmup, repeat, str(device), list(notes))
+        return cls(stages, e2e, batch_size, warmup, repeat, str(device), list(notes), conditions)
 
     @property
     def throughput(self) -> float | None:
@@ -244,6 +370,7 @@ class TimingReport(Rendered):
             "end_to_end": None if self.end_to_end is None else self.end_to_end.to_dict(),
             "throughput_rps": self.throughput,
             "notes": list(self.notes),
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
         }
 
     def _summary(self) -> str:
@@ -269,11 +396,13 @@ class SweepReport(Rendered):
 
     Attributes:
         reports: one report per batch size, in the order given.
-        notes: facts worth reading next to the numbers.
+        notes: facts worth reading next to the numbers (the conditions' among them).
+        conditions: what the sweep was timed under, measured once before it.
     """
 
     reports: list[TimingReport]
     notes: list[str] = field(default_factory=list)
+    conditions: Conditions | None = None
 
     @property
     def device(self) -> str:
@@ -322,6 +451,7 @@ class SweepReport(Rendered):
             "rows": self.rows,
             "reports": [r.to_dict() for r in self.reports],
             "notes": list(self.notes),
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
         }
 
     def _summary(self) -> str:
@@ -343,14 +473,20 @@ def _stage_ms(run: Any) -> dict[str, float]:
 
 
 def time_stages(
-    harness: HarnessView, batch: Any, warmup: int = 3, repeat: int = 20, progress: bool | Bar | None = None
+    harness: HarnessView,
+    batch: Any,
+    warmup: int = 3,
+    repeat: int = 20,
+    progress: bool | Bar | None = None,
+    conditions: Conditions | None = None,
 ) -> TimingReport:
     """Per-stage statistics over ``repeat`` runs after ``warmup`` runs.
 
     ``progress``: a bar (see :mod:`handlerkit._progress`; None lets the environment decide),
-    or an open :class:`~handlerkit._progress.Bar` to advance (a sweep's).
+    or an open :class:`~handlerkit._progress.Bar` to advance (a sweep's). ``conditions``:
+    measured already (a sweep's, reported once there); else measured here and reported.
     """
-    threads = devices.cpu_threads()  # before the runs: the load the machine had without them
+    measured = conditions or Conditions.measure()  # before the runs: the load the machine had without them
     with diagnostic_runs(harness), warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.simplefilter("ignore")
         shown = (
@@ -363,15 +499,14 @@ def time_stages(
         )
     handler = harness.handler
     device = getattr(handler, "device", None) or "cpu"
-    notes = [f"torch: {threads}"]
-    if threads.warning:
-        notes.append(threads.warning)
-        warnings.warn(f"handlerkit: {threads.warning}", HandlerkitWarning, stacklevel=user_stacklevel())
+    notes: list[str] = []
+    if conditions is None:
+        measured.report(notes)
     compiled = getattr(getattr(getattr(handler, "decisions", None), "compile", None), "applied", False)
     if compiled and warmup < 1:
         notes.append("the model is compiled and warmup is 0: the first pass includes compilation")
     return TimingReport.from_samples(
-        samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes
+        samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes, conditions=measured
     )
 
 
@@ -396,9 +531,13 @@ def sweep_stages(
     """Latency and throughput per stage at each batch size (one bar over every pass)."""
     if not batch_sizes or any(not isinstance(n, int) or n < 1 for n in batch_sizes):
         raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
+    conditions = Conditions.measure()
     with Bar(len(batch_sizes) * (warmup + repeat), f"sweep {harness.name}", progress) as shown:
         reports = []
         for n in batch_sizes:
             shown.set_description(f"sweep {harness.name}: batch {n}")
-            reports.append(time_stages(harness, resize_batch(batch, n), warmup=warmup, repeat=repeat, progress=shown))
-    return SweepReport(reports)
+            sized = resize_batch(batch, n)
+            reports.append(time_stages(harness, sized, warmup, repeat, progress=shown, conditions=conditions))
+    report = SweepReport(reports, conditions=conditions)
+    conditions.report(report.notes)
+    return report
