@@ -370,19 +370,6 @@ def test_compile_of_a_model_not_compiled_says_so(capsys):
     assert code == 0 and "not compiled" in out.splitlines()[1]
 
 
-# ------------------------------------------------------------------------------------ inspect
-
-
-def test_inspect_a_model_dir(capsys):
-    code, out, _ = cli(capsys, "inspect", MODEL)
-    assert code == 0
-    assert out.splitlines()[0] == "image_classifier (dir): model image_classifier 1.0, handler ImageClassifier, eager: loads"
-    code, data = cli_json(capsys, "inspect", MODEL)
-    assert data["manifest"] == json.loads((MODEL / "MAR-INF" / "MANIFEST.json").read_text())
-    assert data["handler"]["origin"] == "handlerkit" and data["handler"]["kind"] == "class"
-    assert data["model"]["format"] == "eager" and data["config"]["batchSize"] == 4
-    assert {f["name"] for f in data["files"]} >= {"model.pt", "model.py", "MAR-INF/MANIFEST.json"}
-
 # ------------------------------------------------------------------------------------ --threads
 
 
@@ -421,6 +408,19 @@ def test_threads_run_the_command_on_n_threads_and_the_load_warning_names_the_opt
     assert code == 0 and data["conditions"]["intra_op_threads"] == 1 and data["conditions"]["warning"] is None
     assert torch.get_num_threads() == before
 
+
+# ------------------------------------------------------------------------------------ inspect
+
+
+def test_inspect_a_model_dir(capsys):
+    code, out, _ = cli(capsys, "inspect", MODEL)
+    assert code == 0
+    assert out.splitlines()[0] == "image_classifier (dir): model image_classifier 1.0, handler ImageClassifier, eager: loads"
+    code, data = cli_json(capsys, "inspect", MODEL)
+    assert data["manifest"] == json.loads((MODEL / "MAR-INF" / "MANIFEST.json").read_text())
+    assert data["handler"]["origin"] == "handlerkit" and data["handler"]["kind"] == "class"
+    assert data["model"]["format"] == "eager" and data["config"]["batchSize"] == 4
+    assert {f["name"] for f in data["files"]} >= {"model.pt", "model.py", "MAR-INF/MANIFEST.json"}
 
 
 def test_inspect_does_not_run_initialize(tmp_path, capsys):

@@ -495,8 +495,8 @@ def test_a_compiled_model_slower_than_eager_is_a_problem_with_its_fix(mlp_dir, m
     assert "compile-slower" in text and "p25-p75 ms" in text
     assert "1-minute load is 3.5" in text and "1-minute load is 3.5" in report._repr_mimebundle_()["text/html"]
     data = json.loads(json.dumps(report.to_dict()))
-    assert (data["faster"], data["conditions"]["load_1min"]) == ("eager", 3.5)
-    assert data["timing_verdict"].startswith("eager is fastest: 0.5 ms (p25-p75 0.5-0.51) against compiled 12.5 ms")
+    assert (data["faster"]["best"], data["conditions"]["load_1min"]) == ("eager", 3.5)
+    assert data["faster"]["reason"].startswith("eager is fastest: 0.5 ms (p25-p75 0.5-0.51) against compiled 12.5")
     assert data["steady_compiled"]["p25"] == 12.4
 
 
@@ -507,4 +507,4 @@ def test_compiled_and_eager_within_noise_is_no_problem_and_says_so(mlp_dir, monk
     assert "speedup 1.00x over eager (within noise)" in repr(report)
     assert "compiled against eager: no clear winner (within noise: compiled 1.1 ms (p25-p75 1-1.2), eager 1.1 ms " \
            "(p25-p75 1-1.2))" in report.notes  # fmt: skip
-    assert report.to_dict()["faster"] is None
+    assert report.to_dict()["faster"]["best"] is None

@@ -220,7 +220,15 @@ def test_the_lab_says_what_it_was_timed_under_and_warns_on_a_busy_machine(tmp_pa
                                               "load_1min": 0.5, "warning": warning}  # fmt: skip
 
 
-def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No load warning: a test that counts the lab's warnings must not count the machine's load."""
+    from handlerkit import devices
+
+    monkeypatch.setattr(devices, "cpu_threads", lambda: devices.CpuThreads(1, 1, 2, 0.0))
+
+
+def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path, monkeypatch):
+    quiet_machine(monkeypatch)
     model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
     h = harness(model_dir)
     eager = h.run(BATCH).output
@@ -237,7 +245,8 @@ def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
     assert served.handler.decisions.model_format == "torchscript"
 
 
-def test_saving_a_format_torchserve_does_not_serve_warns_with_the_fix(tmp_path):
+def test_saving_a_format_torchserve_does_not_serve_warns_with_the_fix(tmp_path, monkeypatch):
+    quiet_machine(monkeypatch)
     model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
     h = harness(model_dir)
     with pytest.warns(HandlerkitWarning, match=r"^handlerkit: saved export into mlp/, which TorchServe 0.12's own "

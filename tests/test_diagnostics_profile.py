@@ -205,15 +205,6 @@ def test_a_handle_that_bypasses_the_labels_says_so():
     assert any("MicroBatching" in n for n in report.notes)
 
 
-def test_a_failing_stage_raises_and_leaves_the_handler_usable():
-    toy = Toy()
-    own_preprocess = toy.preprocess  # an instance attribute of the user's own: kept as it was
-    vars(toy)["preprocess"] = own_preprocess
-    h = toy_harness(toy)
-    good = h.run([[1]])
-    toy.fail = True
-    with pytest.raises(StageError, match="inference blew up") as info:
-        profile_stages(h, hk.Batch.coerce([[1], [2]]), warmup=0)
 def test_a_profile_says_what_it_was_timed_under_and_warns_on_a_busy_machine(monkeypatch):
     from handlerkit.errors import HandlerkitWarning
 
@@ -228,6 +219,15 @@ def test_a_profile_says_what_it_was_timed_under_and_warns_on_a_busy_machine(monk
                                   "warning": warning}  # fmt: skip
 
 
+def test_a_failing_stage_raises_and_leaves_the_handler_usable():
+    toy = Toy()
+    own_preprocess = toy.preprocess  # an instance attribute of the user's own: kept as it was
+    vars(toy)["preprocess"] = own_preprocess
+    h = toy_harness(toy)
+    good = h.run([[1]])
+    toy.fail = True
+    with pytest.raises(StageError, match="inference blew up") as info:
+        profile_stages(h, hk.Batch.coerce([[1], [2]]), warmup=0)
     assert info.value.stage == "inference"
     assert vars(toy)["preprocess"] is own_preprocess
     assert "inference" not in vars(toy) and "postprocess" not in vars(toy)

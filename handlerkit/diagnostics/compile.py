@@ -12,9 +12,8 @@ One report, read from torch's structured records rather than its log text
    hint, graph-break code and its page) and the recompiles with their reasons, and which input
    dimensions are dynamic;
 4. the steady-state median of the compiled model against the eager one (``_orig_mod``, swapped
-   in for the timing and put back whatever happens) on the same batch, with the run's noise
-   and the conditions it was timed under; a compiled model slower than eager beyond that
-   noise is a problem, with its fix;
+   in for the timing and put back whatever happens) on the same batch, with its noise and
+   conditions (:mod:`.noise`): a compiled model slower beyond that noise is a problem;
 5. with ``batch_sizes``, the deploy-time recompile gate (:mod:`._compile_gate`).
 
 The report leaves torch as it found it: it never calls ``torch._dynamo.reset()`` or
@@ -37,7 +36,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.contract import Problem
 from handlerkit.diagnostics import _compile_facts as facts
 from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
-from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_problems, run_gate
+from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_notes, gate_problems, run_gate
 from handlerkit.diagnostics._dynamo_events import (
     CompiledFrame,
     CountersKept,
@@ -50,8 +49,9 @@ from handlerkit.diagnostics._dynamo_events import (
 )
 from handlerkit.diagnostics._specialisations import Specialisation, specialisations
 from handlerkit.diagnostics._view import HarnessView, model_handler
+from handlerkit.diagnostics.noise import Conditions, Fastest, fastest
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
-from handlerkit.diagnostics.timing import Conditions, Fastest, TimingStats, fastest, spread, summarize
+from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 
 __all__ = ["CompileReport", "CompiledFrame", "GateResult", "GraphBreak", "Recompile", "compile_report"]
@@ -151,8 +151,7 @@ class CompileReport(Rendered):
 
     @property
     def faster(self) -> Fastest | None:
-        """Compiled or eager, whichever is faster beyond the steady calls' noise
-        (:func:`~handlerkit.diagnostics.timing.fastest`); None unless both were timed."""
+        """Compiled or eager, whichever is faster beyond the steady calls' noise (both timed)."""
         if self.steady_compiled is None or self.steady_eager is None:
             return None
         return fastest({"compiled": self.steady_compiled, "eager": self.steady_eager})
@@ -171,16 +170,10 @@ class CompileReport(Rendered):
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (front ends and notebooks read this); ``graph_caches``
         lists each graph's cache outcomes, next to ``cold_compile_s`` / ``cache_load_s``."""
-        faster = self.faster
-        extra = {
-            "speedup": self.speedup,
-            "faster": None if faster is None else faster.best,
-            "timing_verdict": None if faster is None else faster.reason,
-            "conditions": None if self.conditions is None else self.conditions.to_dict(),
-            "gate_ok": self.gate_ok,
-            "graph_caches": facts.graph_caches(self.graphs),
-        }
-        return {**asdict(self), **extra}
+        faster, conditions = self.faster, self.conditions
+        extra = {"speedup": self.speedup, "gate_ok": self.gate_ok, "graph_caches": facts.graph_caches(self.graphs)}
+        timed = {"faster": faster and faster.to_dict(), "conditions": conditions and conditions.to_dict()}
+        return {**asdict(self), **extra, **timed}
 
     # -- rendering --------------------------------------------------------------------------
     def _summary(self) -> str:
@@ -199,9 +192,8 @@ class CompileReport(Rendered):
         parts.append(
             f"{len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s), {len(self.recompiles)} recompile(s)"
         )
-        if self.speedup is not None:
-            best = self.faster.best if self.faster is not None else None
-            said = {None: " (within noise)", "eager": " (slower: see the problems)"}.get(best, "")
+        if self.speedup is not None and (faster := self.faster) is not None:
+            said = {None: " (within noise)", "eager": " (slower: see the problems)"}.get(faster.best, "")
             parts.append(f"speedup {self.speedup:.2f}x over eager{said}")
         if self.gate:
             sizes = self.recompiling_sizes
@@ -367,11 +359,11 @@ def compile_report(
                 later = _steady(report, view, batch, run, warmup, repeat, bar)
                 report.graph_breaks = graph_breaks(first.breaks + later.breaks)
                 report.specialisations = specialisations(first.specialised + later.specialised)
-                report.problems.extend(_slower_than_eager(report, later))
+                report.problems.extend(facts.slower_than_eager(report, later))
                 if sizes:
                     report.gate, stance = run_gate(view, batch, sizes, bar)
                     report.problems.extend(gate_problems(report.gate))
-                    _gate_notes(report, stance)
+                    gate_notes(report, stance)
             report.conditions.report(report.notes)
     finally:
         counters.restore()
@@ -506,55 +498,3 @@ def _steady(
         report.notes.append(f"the eager model failed where the compiled one ran: {type(exc).__name__}: {exc}")
     bar.update()
     return later
-
-
-#: Backends that trace and run the graph as eager PyTorch: they check Dynamo, they generate no code.
-_DEBUG_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition")
-
-
-def _slower_than_eager(report: CompileReport, later: DynamoEvents) -> list[Problem]:
-    """A problem when the compiled model is slower than eager beyond the steady calls' noise, with
-    the fixes the report's facts point at, ending with serving eager; none otherwise."""
-    faster, compiled, eager = report.faster, report.steady_compiled, report.steady_eager
-    if faster is None or compiled is None or eager is None:
-        return []
-    if faster.best != "eager":
-        if faster.best is None:
-            report.notes.append(f"compiled against eager: {faster.reason}")
-        return []
-    fixes = []
-    if report.backend in _DEBUG_BACKENDS:
-        fixes.append(f"backend {report.backend!r} generates no code (it checks tracing): use backend: inductor")
-    if later.frames:
-        fixes.append(
-            "the steady calls compiled again (see recompiles): warm the model up with the shapes traffic brings, "
-            "or mark the varying dimension dynamic"
-        )
-    if report.graph_breaks:
-        fixes.append(f"remove the {len(report.graph_breaks)} graph break(s) (each hint says how)")
-    if report.pt2_settings.get("dynamic") is True:
-        fixes.append("dynamic: true compiles shape-generic code: leave it unset where shapes are fixed")
-    mode = report.pt2_settings.get("mode")
-    if mode:
-        fixes.append(f"try without mode {mode!r}")
-    fixes.append(
-        "or serve eager (pt2: {compile: {enable: false}} in model-config.yaml): a small model's work can cost "
-        "less than the compiled code's guards and calls"
-    )
-    message = (
-        f"the compiled model is slower than eager: {report.timed_stage} takes {spread(compiled)} compiled and "
-        f"{spread(eager)} eager ({eager.median / compiled.median:.2f}x), a difference beyond the run's noise"
-    )
-    return [Problem("compile-slower", message, "; ".join(fixes), report.timed_stage, severity="warning")]
-
-
-def _gate_notes(report: CompileReport, stance: bool) -> None:
-    if not stance:
-        report.notes.append(
-            "this torch has no torch.compiler.set_stance: the gate let the sizes compile, as traffic would"
-        )
-    if report.recompiling_sizes and report.pt2_settings.get("dynamic") is None:
-        report.notes.append(
-            "without the gate, Dynamo recompiles at the first new batch size and then treats the batch "
-            "dimension as dynamic (automatic dynamic shapes): that one compile still lands on a live request"
-        )

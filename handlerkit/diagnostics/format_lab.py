@@ -13,9 +13,8 @@ The handler's model (its eager ``nn.Module``) is exported to each format asked f
 3. the batch sizes the model accepts: 1, the batch's size and one more, each checked
    against the eager model on the same rows;
 4. the steady state: every format's inference stage timed side by side, in an order that
-   rotates from round to round, so a machine that slows down does not favour one format; the
-   best is named only when its lead is beyond the run's noise (:func:`.timing.fastest`), and
-   the report says what it was timed under (:class:`.timing.Conditions`).
+   rotates from round to round, so a machine that slows down does not favour one format
+   (:mod:`.noise`: a best only beyond the run's noise, and the conditions it ran under).
 
 A format that does not export is reported with the exporter's error, the line of the model
 that stopped it (:mod:`._format_export`) and a fix. The handler is left as found: its model is
@@ -39,8 +38,9 @@ from handlerkit._text import format_bytes, suggestion
 from handlerkit.diagnostics._compile_gate import eager_model
 from handlerkit.diagnostics._format_export import ExportFailure, make, quiet, save_dir, save_made
 from handlerkit.diagnostics._view import HarnessView, model_handler
+from handlerkit.diagnostics.noise import Conditions, Fastest, fastest
 from handlerkit.diagnostics.runs import diagnostic_runs
-from handlerkit.diagnostics.timing import Conditions, Fastest, TimingStats, fastest, summarize
+from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError
 
 __all__ = ["DEFAULT_FORMATS", "LAB_FORMATS", "FormatReport", "FormatRow", "compare_formats"]
@@ -147,16 +147,13 @@ class FormatReport(Rendered):
 
     @property
     def verdict(self) -> Fastest:
-        """Which format that agrees with eager is fastest in the steady state, and whether its
-        lead is beyond the run's noise (:func:`~handlerkit.diagnostics.timing.fastest`)."""
+        """The fastest format that agrees, and whether its lead is beyond the run's noise."""
         return fastest({row.format: row.steady for row in self.rows if row.agrees and row.steady is not None})
 
     @property
     def best(self) -> FormatRow | None:
-        """The fastest format whose answers agree with eager's, when its lead over every other is
-        beyond the run's noise; None when there is no clear winner (:attr:`verdict` says why)."""
-        best = self.verdict.best
-        return None if best is None else self.row(best)
+        """The fastest format that agrees with eager, when its lead is beyond the noise (:attr:`verdict`)."""
+        return None if (best := self.verdict.best) is None else self.row(best)
 
     def row(self, fmt: str) -> FormatRow:
         """The row of format ``fmt``."""
@@ -189,11 +186,8 @@ class FormatReport(Rendered):
         best = self.best
         failed = [r.format for r in self.rows if not r.exported]
         differ = [r.format for r in self.rows if r.exported and not r.agrees]
-        verdict = self.verdict
-        if best is not None:
-            parts = [f"best: {best.format}"]
-        else:
-            parts = [verdict.reason if verdict.fastest is not None else "no format agrees with eager"]
+        verdict = self.verdict.reason if self.verdict.fastest else "no format agrees with eager"
+        parts = [f"best: {best.format}" if best is not None else verdict]  # or "no clear winner (within noise: ...)"
         if failed:
             parts.append(f"not exported: {', '.join(failed)}")
         if differ:
@@ -303,6 +297,7 @@ def compare_formats(
         raise ValueError(f"repeat must be >= 1 and warmup >= 0: got repeat={repeat}, warmup={warmup}")
     handler = model_handler(view, "compare_formats")
     report = FormatReport(view.name, len(batch), repeat=repeat, warmup=warmup, atol=atol, rtol=rtol)
+    report.conditions = Conditions.measure()  # before the lab: the load the machine had without it
     with (
         diagnostic_runs(view),
         _workdir(directory) as workdir,
@@ -337,7 +332,6 @@ def compare_formats(
                     row.log = "".join(said)
                 bar.update()
             bar.set_description(f"formats of {view.name}: steady state")
-            report.conditions = Conditions.measure()  # before the steady calls: the load without them
             _steady(report, models, handler, data, warmup, repeat)
             if save is not None:
                 report.saved, note = save_made(report.row(save), model_dir, workdir, handler, replace)
@@ -351,8 +345,7 @@ def compare_formats(
         report.notes.append("what the exporters printed, logged or warned is kept in each row's .log")
     if report.rows and report.rows[0].first_call_ms is not None:
         report.notes.append("eager's first call is not fresh: the reference run called the model before it")
-    if report.conditions is not None:
-        report.conditions.report(report.notes)
+    report.conditions.report(report.notes)
     return report
 
 

@@ -34,8 +34,8 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit.contract import HANDLER_STAGES
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.noise import Conditions
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
-from handlerkit.diagnostics.timing import Conditions
 from handlerkit.errors import HandlerkitError
 
 __all__ = [
