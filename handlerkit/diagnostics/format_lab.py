@@ -339,13 +339,13 @@ def compare_formats(
             bar.update(len(names))
         finally:
             handler.model = own
+    report.conditions.report(report.notes)  # before the save's warning, the lab's last word
     if report.saved is not None:
         report.saved.warn_if_not_torchserve()  # here: the lab ignores warnings while it runs
     if any(row.log for row in report.rows):
         report.notes.append("what the exporters printed, logged or warned is kept in each row's .log")
     if report.rows and report.rows[0].first_call_ms is not None:
         report.notes.append("eager's first call is not fresh: the reference run called the model before it")
-    report.conditions.report(report.notes)
     return report
 
 
