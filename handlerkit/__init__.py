@@ -39,6 +39,7 @@ _EXPORTS = {
     "PredictionException": "handlerkit.errors",
     "HandlerkitWarning": "handlerkit.errors",
     "RequestError": "handlerkit.errors",
+    "send_intermediate_predict_response": "handlerkit.streaming",
     "Stepper": "handlerkit.widgets",
     "show": "handlerkit.viz",
     "summary": "handlerkit.viz",
@@ -72,6 +73,7 @@ __all__ = [
     "handlers",
     "load_config",
     "resolve_handler",
+    "send_intermediate_predict_response",
     "show",
     "summary",
 ]
@@ -101,6 +103,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from handlerkit.results import StageResult as StageResult
     from handlerkit.sequences import Sequences as Sequences
     from handlerkit.service import Service as Service
+    from handlerkit.streaming import send_intermediate_predict_response as send_intermediate_predict_response
     from handlerkit.viz import show as show
     from handlerkit.viz import summary as summary
     from handlerkit.widgets import Stepper as Stepper

@@ -312,8 +312,8 @@ def check_chunks(
             "chunk-frame",
             f"send {position} to context.cl_socket is not a predict-response frame ({why}): "
             "TorchServe's frontend cannot read it and the worker's connection fails",
-            "send chunks with ts.handler_utils.utils.send_intermediate_predict_response(ret, "
-            "context.request_ids, message, 200, context)",
+            "send chunks with send_intermediate_predict_response(ret, context.request_ids, message, 200, "
+            "context), from handlerkit (or TorchServe's ts.handler_utils.utils)",
             stage,
         )
         for position, why in malformed

@@ -10,8 +10,11 @@ threads torch runs on how many cores, and whether the machine is busy enough to 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.util
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +29,17 @@ __all__ = [
     "mps_available",
     "needs_sync",
     "synchronize",
+    "threads_advice",
     "xla_available",
     "xpu_available",
 ]
 
 _SYNCED_KINDS = ("cuda", "xpu", "mps")
+#: How a thread warning tells the reader to set torch's threads, ``{n}`` the count: Python's
+#: call in a notebook, the ``--threads`` option on the command line (:func:`threads_advice`).
+_THREADS_ADVICE: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "handlerkit_threads_advice", default="torch.set_num_threads({n})"
+)
 
 
 def cuda_available() -> bool:
@@ -148,12 +157,17 @@ def synchronize(kind: str, device: Any = None) -> None:
 
 @dataclass(frozen=True)
 class CpuThreads:
-    """torch's CPU threads against the cores this process may use and how busy they are."""
+    """torch's CPU threads against the cores this process may use and how busy they are.
+
+    ``advice`` is how the warning says to set the threads, ``{n}`` the count: measured with
+    the spelling in force (:func:`threads_advice`), so a report keeps the words of where it ran.
+    """
 
     intra_op: int
     inter_op: int
     cores: int
     load: float | None  # the 1-minute load average (None where the system does not say)
+    advice: str = "torch.set_num_threads({n})"
 
     @property
     def warning(self) -> str | None:
@@ -163,15 +177,25 @@ class CpuThreads:
         if self.intra_op > self.cores:
             return (
                 f"torch runs {self.intra_op} intra-op threads on {self.cores} usable core(s): they take turns, "
-                f"and timings measure the waiting; torch.set_num_threads({self.cores})"
+                f"and timings measure the waiting; {self.advice.format(n=self.cores)}"
             )
         if self.load is not None and self.intra_op > 1 and self.load >= self.cores + 1:
             return (
                 f"torch runs {self.intra_op} intra-op threads on {self.cores} core(s) while the 1-minute load "
                 f"is {self.load:.1f}: its threads wait for busy cores, and small ops take many times their "
-                "work; time on a quieter machine, or torch.set_num_threads(1) for a small model"
+                f"work; time on a quieter machine, or {self.advice.format(n=1)} for a small model"
             )
         return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-serialisable data: the counts, the load and the warning (None when none)."""
+        return {
+            "intra_op_threads": self.intra_op,
+            "inter_op_threads": self.inter_op,
+            "cores": self.cores,
+            "load_1min": self.load,
+            "warning": self.warning,
+        }
 
     def __str__(self) -> str:
         load = f", 1-minute load {self.load:.1f}" if self.load is not None else ""
@@ -191,4 +215,15 @@ def cpu_threads() -> CpuThreads:
         load: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    return CpuThreads(torch.get_num_threads(), torch.get_num_interop_threads(), cores, load)
+    return CpuThreads(torch.get_num_threads(), torch.get_num_interop_threads(), cores, load, _THREADS_ADVICE.get())
+
+
+@contextlib.contextmanager
+def threads_advice(template: str) -> Iterator[None]:
+    """Inside, thread warnings say to set torch's threads with ``template`` (``{n}`` the count),
+    e.g. ``"run with --threads {n}"`` where a command line cannot call ``torch.set_num_threads``."""
+    token = _THREADS_ADVICE.set(template)
+    try:
+        yield
+    finally:
+        _THREADS_ADVICE.reset(token)

@@ -1,12 +1,15 @@
 """Streaming handlers: what ``handle`` sends before it returns, read as TorchServe's frontend reads it.
 
-A streaming handler calls TorchServe's ``send_intermediate_predict_response(ret, request_ids,
-message, code, context)`` (``ts/handler_utils/utils.py``): it encodes a predict-response frame
-(``create_predict_response``, each request's part marked ``ts_stream_next: true``) and writes it
-to ``context.cl_socket``. The frontend sends each request's part to that request's client as
-an HTTP chunk; ``handle``'s return, the final answer, ends the stream (``ts_stream_next:
-false``). Here:
+A streaming handler calls ``send_intermediate_predict_response(ret, req_id_map, message, code,
+context)``: TorchServe's (``ts/handler_utils/utils.py``) or handlerkit's own
+(:func:`send_intermediate_predict_response`, the same bytes, no ``ts`` needed). It encodes a
+predict-response frame (``create_predict_response``, each request's part marked
+``ts_stream_next: true``) and writes it to ``context.cl_socket``. The frontend sends each
+request's part to that request's client as an HTTP chunk; ``handle``'s return, the final
+answer, ends the stream (``ts_stream_next: false``). Here:
 
+- :func:`send_intermediate_predict_response` and :func:`encode_frame`, the worker's side, and
+  :func:`decode_frame`, the frontend's;
 - :class:`ChunkSocket`, the worker socket's stand-in on a :class:`~handlerkit.MockContext`: it
   keeps each frame sent and when;
 - :class:`Chunk`, one request's part of a frame, decoded as the frontend decodes it;
@@ -21,25 +24,40 @@ false``). Here:
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
+import os
 import queue
 import struct
+import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from handlerkit.contract import Problem, check_chunks
+from handlerkit.contract import _UNENCODABLE, Problem, check_chunks
 from handlerkit.errors import HandlerkitError
 from handlerkit.timer import percentile
 
-__all__ = ["Chunk", "ChunkSocket", "RequestStream", "Streamed", "collect", "decode_frame", "streamed"]
+__all__ = [
+    "Chunk",
+    "ChunkSocket",
+    "RequestStream",
+    "Streamed",
+    "collect",
+    "decode_frame",
+    "encode_frame",
+    "send_intermediate_predict_response",
+    "streamed",
+]
 
 R = TypeVar("R")
 
 _INT = struct.Struct("!i")
+#: One request's part of a frame: request id, content type, status, reason phrase, headers, payload.
+_Part = tuple[str, str, int, str, Mapping[str, str], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +104,99 @@ class Chunk:
         body = self.body if len(self.body) <= 40 else self.body[:37] + b"..."
         status = "" if self.code == 200 else f" {self.code}"
         return f"<Chunk {who} at {self.time_ms:.2f} ms{status}: {body!r}>"
+
+
+# --- the worker's side: sending a chunk ---------------------------------------------------------
+
+
+def send_intermediate_predict_response(ret: Any, req_id_map: Any, message: str, code: int, context: Any) -> None:
+    """Send one chunk to each request of ``req_id_map`` before ``handle`` returns: TorchServe
+    0.12's function of the same name (``ts.handler_utils.utils``), its signature and its bytes,
+    without TorchServe installed.
+
+    Args:
+        ret: the payloads, indexed by batch index (``ret[idx]``; a list, or a dict such as
+            ``{idx: value}``); ``str`` is sent as UTF-8, ``bytes`` as they are, a tensor as
+            ``torch.save`` bytes, anything else as JSON (``indent=2``). None sends ``error``.
+        req_id_map: ``{batch index: request id}`` of the requests to send to
+            (``context.request_ids`` for all of them).
+        message: the frame's message; code: the frame's code (200; any other ends every request
+            of the batch with that error at the frontend).
+        context: the handler's context; its ``cl_socket`` receives the frame.
+
+    As the worker does: each request's response header ``ts_stream_next`` is set to ``"true"``
+    (its status, content type and headers go with the chunk); a payload that has no encoding
+    sends a 503 ``"Unsupported model output data type."`` frame instead; a worker whose
+    ``LOCAL_RANK`` is not 0 sends nothing. Works wherever ``context.cl_socket`` has
+    ``sendall``: ``hk.MockContext`` (its :class:`ChunkSocket`), ``handlerkit serve``, and the
+    real TorchServe worker. One difference, on purpose: TorchServe 0.12 writes the length of
+    a content type or reason phrase in characters, so a non-ASCII one makes a frame its own
+    frontend cannot read; here every length is in bytes, as the frontend reads them.
+    """
+    if str(os.getenv("LOCAL_RANK", 0)) != "0":  # one rank of a distributed model answers
+        return None
+    parts: list[_Part] = []
+    for idx in req_id_map:  # in the worker's order: the mark, then the part, then the payload
+        context.set_response_header(idx, "ts_stream_next", "true")
+        status, phrase = context.get_response_status(idx)
+        content_type = context.get_response_content_type(idx) or ""
+        headers = dict(context.get_response_headers(idx))
+        try:
+            body = b"error" if ret is None else _payload(ret[idx])
+        except TypeError:
+            failed: list[_Part] = [(req_id_map.get(i), "", 503, "", {}, b"error") for i in req_id_map]
+            context.cl_socket.sendall(encode_frame(503, _UNENCODABLE, failed))
+            return None
+        parts.append(
+            (req_id_map.get(idx), content_type, 200 if status is None else status, phrase or "", headers, body)
+        )
+    context.cl_socket.sendall(encode_frame(code, message, parts))
+    return None
+
+
+def _payload(value: Any) -> bytes:
+    """A payload as ``create_predict_response`` encodes it (TypeError: it has no encoding)."""
+    if isinstance(value, (bytes, bytearray)):  # before str, as the worker checks them
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    torch = sys.modules.get("torch")  # a tensor means torch is imported already
+    if torch is not None and isinstance(value, torch.Tensor):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        return buffer.getvalue()
+    return json.dumps(value, indent=2).encode("utf-8")
+
+
+def encode_frame(
+    code: int, message: str, parts: Iterable[tuple[str, str, int, str, Mapping[str, str], bytes]]
+) -> bytes:
+    """A predict-response frame as the worker's ``create_predict_response`` writes it; the
+    inverse of :func:`decode_frame`, ``parts`` as it returns them: ``(request_id, content_type,
+    code, phrase, headers, body)``. Every field is a 4-byte big-endian length (or number) and
+    UTF-8 bytes; -1 ends the list."""
+    out = bytearray(_INT.pack(code))
+    _put(out, message.encode("utf-8"))
+    for request_id, content_type, status, phrase, headers, body in parts:
+        _put(out, request_id.encode("utf-8"))
+        _put(out, content_type.encode("utf-8"))
+        out += _INT.pack(status)
+        _put(out, phrase.encode("utf-8"))
+        out += _INT.pack(len(headers))
+        for key, value in headers.items():
+            _put(out, key.encode("utf-8"))
+            _put(out, value.encode("utf-8"))
+        _put(out, body)
+    out += _INT.pack(-1)
+    return bytes(out)
+
+
+def _put(out: bytearray, data: bytes) -> None:
+    out += _INT.pack(len(data))
+    out += data
+
+
+# --- the frontend's side: reading the chunks ------------------------------------------------------
 
 
 class FrameError(ValueError):

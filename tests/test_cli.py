@@ -370,6 +370,45 @@ def test_compile_of_a_model_not_compiled_says_so(capsys):
     assert code == 0 and "not compiled" in out.splitlines()[1]
 
 
+# ------------------------------------------------------------------------------------ --threads
+
+
+@pytest.mark.parametrize("command", ["time", "compile", "formats"])
+def test_threads_must_be_a_positive_integer(capsys, command):
+    for bad in ("0", "-2", "two"):
+        assert_usage_error(
+            *cli(capsys, command, MODEL, CIRCLE, "--threads", bad),
+            f"argument --threads: expected a positive integer: got '{bad}'",
+        )
+
+
+@pytest.mark.parametrize("command", ["time", "compile", "formats"])
+def test_threads_run_the_command_on_n_threads_and_the_load_warning_names_the_option(
+    tmp_path, request, capsys, monkeypatch, command
+):
+    import torch
+
+    from handlerkit.errors import HandlerkitWarning
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 6.0, 6.0))  # a busy machine of two cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    model = copied_model(tmp_path, request, EAGER.format(dynamic="false")) if command == "compile" else MODEL
+    extra = ["--formats", "eager"] if command == "formats" else []
+    before = torch.get_num_threads()
+    warning = (
+        "torch runs 2 intra-op threads on 2 core(s) while the 1-minute load is 6.0: its threads wait for busy "
+        "cores, and small ops take many times their work; time on a quieter machine, or run with --threads 1 "
+        "for a small model"
+    )
+    with pytest.warns(HandlerkitWarning, match=f"^handlerkit: {re.escape(warning)}$"):
+        code, out, _ = cli(capsys, command, model, CIRCLE, "--repeat", "3", "--warmup", "0", "--threads", "2", *extra)
+    assert code == 0 and torch.get_num_threads() == before  # put back after the run
+    assert warning in " ".join(out.split()) and "torch: 2 intra-op" in out
+    code, data = cli_json(capsys, command, model, CIRCLE, "--repeat", "3", "--warmup", "0", "--threads", "1", *extra)
+    assert code == 0 and data["conditions"]["intra_op_threads"] == 1 and data["conditions"]["warning"] is None
+    assert torch.get_num_threads() == before
+
+
 # ------------------------------------------------------------------------------------ inspect
 
 

@@ -459,3 +459,52 @@ def test_compile_tables_wrap_long_guards_and_fixes():
     assert max(len(line) for line in text.splitlines()) < 160  # was one line of ~700 characters
     words = " ".join(text.split())
     assert "expected 2, actual 4;" in words and "torch._dynamo.mark_dynamic(x, 0)" in words  # nothing lost
+
+
+# ---------------------------------------------------------------------------- compiled against eager
+def _steady_times(monkeypatch, compiled: list[float], eager: list[float]) -> None:
+    """The steady calls timed as given: the compiled model's first, then eager's (``_timed``'s order)."""
+    from handlerkit.diagnostics import compile as compile_module
+    from handlerkit.diagnostics.timing import summarize
+
+    given = iter([compiled, eager])
+    monkeypatch.setattr(compile_module, "_timed", lambda call, warmup, repeat: summarize(next(given)))
+
+
+def test_a_compiled_model_slower_than_eager_is_a_problem_with_its_fix(mlp_dir, monkeypatch):
+    from handlerkit import devices
+
+    _steady_times(monkeypatch, [12.0, 12.5, 13.0, 12.4, 12.6], [0.5, 0.52, 0.49, 0.5, 0.51])
+    monkeypatch.setattr(devices, "cpu_threads", lambda: devices.CpuThreads(2, 2, 2, 3.5))
+    with pytest.warns(HandlerkitWarning, match="1-minute load is 3.5"):
+        report = report_of(harness(mlp_dir, eager_pt2(dynamic=True)), BATCH, repeat=5)
+    assert report.speedup == pytest.approx(0.5 / 12.5)
+    slower = [p for p in report.problems if p.check == "compile-slower"]
+    assert [(p.severity, p.stage, p.message) for p in slower] == [
+        ("warning", "inference", "the compiled model is slower than eager: inference takes 12.5 ms (p25-p75 "
+         "12.4-12.6) compiled and 0.5 ms (p25-p75 0.5-0.51) eager (0.04x), a difference beyond the run's noise"),
+    ]  # fmt: skip
+    assert slower[0].fix == (
+        "backend 'eager' generates no code (it checks tracing): use backend: inductor; dynamic: true compiles "
+        "shape-generic code: leave it unset where shapes are fixed; or serve eager (pt2: {compile: {enable: false}} "
+        "in model-config.yaml): a small model's work can cost less than the compiled code's guards and calls"
+    )
+    assert report.ok  # a warning: the compiled model serves, slowly
+    text = " ".join(str(report).split())
+    assert "speedup 0.04x over eager (slower: see the problems)" in text
+    assert "compile-slower" in text and "p25-p75 ms" in text
+    assert "1-minute load is 3.5" in text and "1-minute load is 3.5" in report._repr_mimebundle_()["text/html"]
+    data = json.loads(json.dumps(report.to_dict()))
+    assert (data["faster"]["best"], data["conditions"]["load_1min"]) == ("eager", 3.5)
+    assert data["faster"]["reason"].startswith("eager is fastest: 0.5 ms (p25-p75 0.5-0.51) against compiled 12.5")
+    assert data["steady_compiled"]["p25"] == 12.4
+
+
+def test_compiled_and_eager_within_noise_is_no_problem_and_says_so(mlp_dir, monkeypatch):
+    _steady_times(monkeypatch, [1.0, 1.4, 1.1, 1.2, 1.0], [1.0, 1.1, 0.9, 1.3, 1.2])
+    report = report_of(harness(mlp_dir, eager_pt2()), BATCH, repeat=5)
+    assert not any(p.check == "compile-slower" for p in report.problems)
+    assert "speedup 1.00x over eager (within noise)" in repr(report)
+    assert "compiled against eager: no clear winner (within noise: compiled 1.1 ms (p25-p75 1-1.2), eager 1.1 ms " \
+           "(p25-p75 1-1.2))" in report.notes  # fmt: skip
+    assert report.to_dict()["faster"]["best"] is None

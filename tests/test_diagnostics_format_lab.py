@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from _new_users import RANKER_INFERENCE_LINE, ranker_dir, ranker_request
-from conftest import ARGMAX_MODEL_PY, MLP_MODEL_PY, eager_manifest, write_model_dir
 
 import handlerkit as hk
 import handlerkit.formats
+from conftest import ARGMAX_MODEL_PY, MLP_MODEL_PY, eager_manifest, write_model_dir
 from handlerkit._compare import same_output
 from handlerkit.diagnostics.format_lab import DEFAULT_FORMATS, FormatReport, FormatRow
+from handlerkit.diagnostics.timing import summarize
 from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning
 from handlerkit.handlers.base import BaseHandler
 
@@ -74,14 +74,15 @@ def test_fixture_classifier_agrees_in_every_default_format():
         assert row.artifact_bytes is not None and row.artifact_bytes > 1000
     assert report.row("torchscript").how == "torch.jit.script"
     assert report.row("onnx").dynamic_batch is True and report.row("export").dynamic_batch is True
-    assert report.best is not None and report.best.format in DEFAULT_FORMATS
+    assert report.best == (None if report.verdict.best is None else report.row(report.verdict.best))
     assert h.handler.model is model  # put back
 
     text = str(report)
     assert "format" in text and "max abs diff" in text and "torch.jit.script" in text
     assert "<table" in report._repr_mimebundle_()["text/html"]
     data = json.loads(json.dumps(report.to_dict()))
-    assert data["ok"] is True and data["best"] == report.best.format
+    assert data["ok"] is True and data["verdict"] == report.verdict.reason
+    assert data["best"] == (None if report.best is None else report.best.format)
     assert data["rows"][2]["batch_sizes"] == {"1": "ok", "3": "ok", "4": "ok"}
 
 
@@ -106,7 +107,8 @@ def test_a_model_that_does_not_export_names_its_line_and_the_fix(tmp_path, capfd
         assert row.failure.fix.startswith("the model branches on a tensor's value at model.py:11: compute both sides")
     # TorchScript scripts the branch (it keeps both sides), so its answers agree.
     assert report.row("torchscript").agrees and report.row("torchscript").how == "torch.jit.script"
-    assert report.best is not None and report.best.format in ("eager", "torchscript")
+    assert set(report.verdict.within_noise) == {"eager", "torchscript"}  # two calls each measure no noise
+    assert report.best is None and "too few timed calls" in report.verdict.reason
     text = str(report)
     assert "not exported: export, onnx" in text and "if y.sum() > 0:" in text
 
@@ -132,7 +134,7 @@ def test_a_perturbed_format_disagrees_and_the_report_says_so(tmp_path, monkeypat
     assert set(bad.batch_sizes.values()) == {"wrong output"}
     assert report.row("export").agrees
     assert not report.ok and report.to_dict()["ok"] is False
-    assert report.best is not None and report.best.format != "torchscript"
+    assert report.verdict.fastest in ("eager", "export")  # never the format that disagrees
     assert "answers differ or fail: torchscript" in repr(report)
     assert "DIFFER" in str(report)
 
@@ -185,7 +187,50 @@ def test_report_without_timed_rows_has_no_best():
         report.row("onnx")
 
 
-def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
+def _timed(fmt: str, *samples: float) -> FormatRow:
+    return FormatRow(fmt, exported=True, answers_agree=True, steady=summarize(samples))
+
+
+def test_the_best_is_declared_only_beyond_the_runs_noise():
+    noisy = FormatReport("H", 2, rows=[_timed("eager", 1.0, 1.6, 1.2, 1.1, 1.15), _timed("onnx", 0.9, 1.5, 1.2, 1.0, 1.1),
+                                       _timed("torchscript", 3.0, 3.1, 3.2, 3.0)])  # fmt: skip
+    assert noisy.best is None and noisy.verdict.within_noise == ("onnx", "eager")  # torchscript: clearly slower
+    said = "no clear winner (within noise: onnx 1.1 ms (p25-p75 1-1.2), eager 1.15 ms (p25-p75 1.1-1.2))"
+    assert repr(noisy) == f"<FormatReport formats of H (batch 2, cpu): {said}>"
+    assert said in noisy._repr_mimebundle_()["text/html"]
+    assert (noisy.to_dict()["best"], noisy.to_dict()["verdict"]) == (None, said)
+    assert "p25-p75 ms" in str(noisy) and "3-3.12" in str(noisy)
+
+    clear = FormatReport("H", 2, rows=[_timed("eager", 2.0, 2.1, 2.2), _timed("onnx", 1.0, 1.1, 1.0)])
+    assert clear.best is clear.row("onnx") and clear.to_dict()["best"] == "onnx"
+    assert repr(clear) == "<FormatReport formats of H (batch 2, cpu): best: onnx>"
+
+
+def test_the_lab_says_what_it_was_timed_under_and_warns_on_a_busy_machine(tmp_path, monkeypatch):
+    from handlerkit import devices
+
+    monkeypatch.setattr(devices, "cpu_threads", lambda: devices.CpuThreads(4, 4, 2, 0.5))
+    h = harness(write_model_dir(tmp_path / "mlp", MLP_MODEL_PY))
+    with pytest.warns(HandlerkitWarning, match=r"torch runs 4 intra-op threads on 2 usable core\(s\)"):
+        report = h.compare_formats(BATCH, formats=[], repeat=3, warmup=0)
+    warning = "torch runs 4 intra-op threads on 2 usable core(s): they take turns, and timings measure the " \
+              "waiting; torch.set_num_threads(2)"  # fmt: skip
+    noted = ["torch: 4 intra-op / 4 inter-op threads, 2 usable core(s), 1-minute load 0.5", warning]
+    assert report.notes[:2] == noted and f"note: {warning}" in str(report)
+    assert warning in report._repr_mimebundle_()["text/html"]
+    assert report.to_dict()["conditions"] == {"intra_op_threads": 4, "inter_op_threads": 4, "cores": 2,
+                                              "load_1min": 0.5, "warning": warning}  # fmt: skip
+
+
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No load warning: a test that counts the lab's warnings must not count the machine's load."""
+    from handlerkit import devices
+
+    monkeypatch.setattr(devices, "cpu_threads", lambda: devices.CpuThreads(1, 1, 2, 0.0))
+
+
+def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path, monkeypatch):
+    quiet_machine(monkeypatch)
     model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
     h = harness(model_dir)
     eager = h.run(BATCH).output
@@ -202,7 +247,8 @@ def test_save_writes_the_chosen_format_into_the_model_dir(tmp_path):
     assert served.handler.decisions.model_format == "torchscript"
 
 
-def test_saving_a_format_torchserve_does_not_serve_warns_with_the_fix(tmp_path):
+def test_saving_a_format_torchserve_does_not_serve_warns_with_the_fix(tmp_path, monkeypatch):
+    quiet_machine(monkeypatch)
     model_dir = write_model_dir(tmp_path / "mlp", MLP_MODEL_PY, manifest=eager_manifest())
     h = harness(model_dir)
     with pytest.warns(HandlerkitWarning, match=r"^handlerkit: saved export into mlp/, which TorchServe 0.12's own "

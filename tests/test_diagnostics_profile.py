@@ -205,6 +205,20 @@ def test_a_handle_that_bypasses_the_labels_says_so():
     assert any("MicroBatching" in n for n in report.notes)
 
 
+def test_a_profile_says_what_it_was_timed_under_and_warns_on_a_busy_machine(monkeypatch):
+    from handlerkit.errors import HandlerkitWarning
+
+    monkeypatch.setattr(device_mod, "cpu_threads", lambda: device_mod.CpuThreads(2, 1, 2, 5.0))
+    with pytest.warns(HandlerkitWarning, match=r"the 1-minute load is 5.0: its threads wait for busy cores"):
+        report = toy_harness(Toy()).profile([[1]], top=3)
+    warning = device_mod.CpuThreads(2, 1, 2, 5.0).warning
+    assert report.notes == ["torch: 2 intra-op / 1 inter-op threads, 2 usable core(s), 1-minute load 5.0", warning]
+    assert str(report).endswith(f"note: {warning}")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["conditions"] == {"intra_op_threads": 2, "inter_op_threads": 1, "cores": 2, "load_1min": 5.0,
+                                  "warning": warning}  # fmt: skip
+
+
 def test_a_failing_stage_raises_and_leaves_the_handler_usable():
     toy = Toy()
     own_preprocess = toy.preprocess  # an instance attribute of the user's own: kept as it was

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from handlerkit import devices
 from handlerkit.diagnostics.timing import (
     END_TO_END,
     SweepReport,
@@ -28,11 +29,14 @@ def test_summarize_matches_numpy() -> None:
     assert s.n == 10 and s.min == 1.0 and s.total == 55.0 and s.mean == 5.5
     assert s.median == pytest.approx(np.percentile(samples, 50))
     assert s.p90 == pytest.approx(np.percentile(samples, 90)) == pytest.approx(9.1)
+    assert (s.p25, s.p75) == (pytest.approx(np.percentile(samples, 25)), pytest.approx(np.percentile(samples, 75)))
     assert s.std == pytest.approx(np.std(samples, ddof=1))
 
 
 def test_summarize_single_sample() -> None:
-    assert summarize([4.0]) == TimingStats(n=1, min=4.0, median=4.0, p90=4.0, mean=4.0, std=0.0, total=4.0)
+    assert summarize([4.0]) == TimingStats(
+        n=1, min=4.0, p25=4.0, median=4.0, p75=4.0, p90=4.0, mean=4.0, std=0.0, total=4.0
+    )
 
 
 def test_summarize_rejects_empty_and_non_finite() -> None:
@@ -197,3 +201,32 @@ def test_timing_names_torchs_threads_and_warns_on_a_busy_machine(monkeypatch) ->
         busy = h.time([{"body": [1.0]}], warmup=0, repeat=2, progress=False)
     assert any("1-minute load is 4.5" in note for note in busy.notes)
     assert "torch threads" in str(h.device_report())
+
+
+def test_a_sweep_measures_the_conditions_once_and_reports_them(monkeypatch) -> None:
+    import warnings as warnings_module
+
+    import handlerkit as hk
+    from handlerkit.errors import HandlerkitWarning
+
+    def handle(data, context):
+        return None if data is None else [len(row["body"]) for row in data]
+
+    h = hk.Harness(handle, hk.MockContext())
+    measured = []
+
+    def busy() -> devices.CpuThreads:
+        measured.append(1)
+        return devices.CpuThreads(2, 2, 2, 4.5)
+
+    monkeypatch.setattr(devices, "cpu_threads", busy)
+    with warnings_module.catch_warnings(record=True) as caught:
+        warnings_module.simplefilter("always")
+        sweep = h.sweep([{"body": [1.0]}], batch_sizes=[1, 2], warmup=0, repeat=1, progress=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, HandlerkitWarning)]
+    assert len(measured) == 1 and len(said) == 1 and "1-minute load is 4.5" in said[0]
+    assert sweep.notes == ["torch: 2 intra-op / 2 inter-op threads, 2 usable core(s), 1-minute load 4.5", said[0][12:]]
+    assert "1-minute load is 4.5" in str(sweep) and "1-minute load is 4.5" in sweep._repr_mimebundle_()["text/html"]
+    data = json.loads(json.dumps(sweep.to_dict()))
+    assert data["conditions"]["load_1min"] == 4.5 and data["conditions"]["warning"] == said[0][12:]
+    assert all(report["conditions"]["load_1min"] == 4.5 for report in data["reports"])

@@ -89,6 +89,17 @@ def test_a_failure_after_the_first_chunk_cuts_the_stream(model_dir):
     assert "failed after its stream began (503" in str(error) and "cut, as TorchServe's" in str(error)
 
 
+def test_handlerkit_s_send_streams_under_handlerkit_serve_as_torchserve_s_does(tmp_path):
+    from _new_users import char_stream_dir
+
+    ours = _serve(char_stream_dir(tmp_path / "ours", base="handlerkit", send_from="handlerkit"), b"hello")
+    theirs = _serve(char_stream_dir(tmp_path / "theirs", base="handlerkit"), b"hello")
+    assert ours == theirs
+    status, headers, chunks, error = ours
+    assert (status, headers, error) == (200, {"ts_stream_next": "true"}, None)
+    assert [len(c) for c in chunks] == [1] * 8 + [8] and b"".join(chunks[:8]) == chunks[8]  # then the text
+
+
 def test_an_answer_without_chunks_is_one_full_reply_and_strays_are_dropped():
     async def main():
         router = StreamRouter()

@@ -7,16 +7,18 @@ decoded here are the bytes its worker writes to the frontend.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
 import pytest
+import torch
 from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.protocol.otf_message_handler import create_predict_response
 
 import handlerkit as hk
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
-from handlerkit.streaming import Chunk, ChunkSocket, FrameError, RequestStream, decode_frame
+from handlerkit.streaming import Chunk, ChunkSocket, FrameError, RequestStream, decode_frame, encode_frame
 
 SENT = "Intermediate Prediction success"
 
@@ -64,6 +66,129 @@ def test_a_frame_decodes_as_the_worker_encoded_it():
     assert (request_id, content_type, status, phrase) == ("r1", "application/json", 206, "Partial")
     assert headers == {"content-type": "application/json", "ts_stream_next": "true"}
     assert body == b'{\n  "n": 1\n}'  # the worker's json.dumps(indent=2)
+
+
+# -- handlerkit's send_intermediate_predict_response: TorchServe's bytes, no ts needed ------------
+
+
+def _mock_context(size):
+    ctx = hk.MockContext()
+    hk.batch(*(hk.Request.json(i, request_id=f"r{i}-é") for i in range(size))).bind(ctx)
+    return ctx
+
+
+def _torchserve_context(size):
+    """TorchServe 0.12's own Context, as its worker binds a batch to it."""
+    from ts.context import Context, RequestProcessor
+
+    ctx = Context("chars", ".", {}, size, None, "0.12.0")
+    ctx.request_ids = {i: f"r{i}-é" for i in range(size)}
+    ctx.request_processor = [RequestProcessor({}) for _ in range(size)]
+    return ctx
+
+
+def _statuses(ctx):
+    ctx.set_response_content_type(1, "application/json; charset=utf-8")
+    ctx.set_response_status(206, "Partial Content", 1)
+    ctx.set_response_header(2, "x-tokens", "7 ✓")
+    ctx.set_response_status(429, None, 2)
+
+
+#: What a handler sends, and how: (ret, which requests, message, code, the context's own settings).
+SENDS = {
+    "every request a str": (["a", "héllo ✓", ""], None, SENT, 200, None),
+    "statuses, types and headers": (["a", {"n": [1, 2.5], "é": None}, [1, "x"]], None, SENT, 200, _statuses),
+    "bytes and bytearray": ([b"\x00\xff", bytearray(b"raw"), "s"], None, "bytes", 200, None),
+    "a tensor": ([torch.tensor([1.5, -2.0]), torch.zeros(2, 2, dtype=torch.int64), 3], None, SENT, 200, None),
+    "one request by index": ({1: {"token": "fox", "position": 3}}, {1: "r1-é"}, "token", 200, _statuses),
+    "none": (None, None, "failed", 500, None),
+    "no request": (["a", "b", "c"], {}, SENT, 200, None),
+    "a payload without an encoding": (["a", "b", object()], None, SENT, 200, _statuses),
+    "an error frame": (["x", "y", "z"], None, "the model broke", 507, None),
+}
+
+
+@pytest.mark.parametrize("context", [_mock_context, _torchserve_context], ids=["hk.MockContext", "ts.Context"])
+@pytest.mark.parametrize("case", list(SENDS))
+def test_handlerkit_s_send_writes_torchserve_s_bytes_byte_for_byte(context, case):
+    ret, ids, message, code, setup = SENDS[case]
+    sent = {}
+    for name, send in (
+        ("torchserve", send_intermediate_predict_response),
+        ("handlerkit", hk.send_intermediate_predict_response),
+    ):
+        ctx = context(3)
+        ctx.cl_socket = ChunkSocket()
+        if setup is not None:
+            setup(ctx)
+        for _ in range(2):  # the second send finds the marks the first one set
+            assert send(ret, ctx.request_ids if ids is None else ids, message, code, ctx) is None
+        sent[name] = (ctx.cl_socket.sent, [dict(ctx.get_response_headers(i)) for i in range(3)])
+    assert sent["handlerkit"] == sent["torchserve"]
+    assert len(sent["handlerkit"][0]) == 2
+
+
+def test_a_non_ascii_phrase_or_content_type_is_counted_in_bytes_as_the_frontend_reads_it():
+    # TorchServe 0.12's worker writes the length of these two in characters: its frontend, which
+    # reads bytes, cannot read the frame. handlerkit's send writes a frame the frontend reads.
+    frames = {}
+    for name, send in (
+        ("torchserve", send_intermediate_predict_response),
+        ("handlerkit", hk.send_intermediate_predict_response),
+    ):
+        ctx = _mock_context(1)
+        ctx.set_response_status(200, "Très bien", 0)
+        send(["ok"], ctx.request_ids, SENT, 200, ctx)
+        frames[name] = ctx.cl_socket.sent[0]
+    with pytest.raises(FrameError, match="does not fit in the frame's"):  # the phrase ends a byte early
+        decode_frame(frames["torchserve"])
+    part = ("r0-é", "", 200, "Très bien", {"ts_stream_next": "true"}, b"ok")
+    assert decode_frame(frames["handlerkit"]) == (200, SENT, [part])
+    # The same bytes but the phrase's length: 10 bytes, where TorchServe says 9 characters.
+    assert (
+        frames["handlerkit"].replace(b"\x00\x00\x00\nTr\xc3\xa8s", b"\x00\x00\x00\tTr\xc3\xa8s") == frames["torchserve"]
+    )
+
+
+def test_handlerkit_s_send_marks_each_request_it_sends_to_and_no_other():
+    ctx = _mock_context(3)
+    hk.send_intermediate_predict_response({2: "last"}, {2: "r2-é"}, "token", 200, ctx)
+    assert [ctx.get_response_headers(i).get("ts_stream_next") for i in range(3)] == [None, None, "true"]
+    assert decode_frame(ctx.cl_socket.sent[0]) == (
+        200,
+        "token",
+        [("r2-é", "", 200, "", {"ts_stream_next": "true"}, b"last")],
+    )
+
+
+def test_only_local_rank_0_sends_as_in_the_worker(monkeypatch):
+    ctx = _mock_context(1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert hk.send_intermediate_predict_response(["x"], ctx.request_ids, SENT, 200, ctx) is None
+    assert ctx.cl_socket.sent == [] and ctx.get_response_headers(0) == {}
+
+
+def test_a_streaming_handler_runs_with_torchserve_not_installed(tmp_path, monkeypatch):
+    from _new_users import char_stream_dir
+
+    for name in [n for n in sys.modules if n == "ts" or n.startswith("ts.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "ts", None)  # every `import ts...` fails, as without torchserve
+    with pytest.raises(ModuleNotFoundError, match="'ts' is not a package"):
+        import ts.handler_utils.utils  # noqa: F401
+    model_dir = char_stream_dir(tmp_path / "chars", base="handlerkit", send_from="handlerkit")
+    h = hk.Harness.open(model_dir)
+    chunks = list(h.stream(hk.batch(hk.Request.text("hello"), hk.Request.text("the end"))))
+    run = h.last_run
+    assert [(c.index, len(c.body)) for c in chunks[:4]] == [(0, 1), (1, 1), (0, 1), (1, 1)]  # a character each
+    assert ["".join(c.text for c in chunks if c.index == i) for i in (0, 1)] == run.output
+    assert [len(s.chunks) for s in run.streams] == [8, 8] and run.problems == []
+
+
+def test_encode_frame_is_decode_frame_s_inverse():
+    parts = [("r0", "text/plain", 200, "", {"ts_stream_next": "true"}, b"a"), ("r1", "", 206, "Partial", {}, b"")]
+    assert decode_frame(encode_frame(200, SENT, parts)) == (200, SENT, parts)
+    assert encode_frame(503, "", []) == b"\x00\x00\x01\xf7\x00\x00\x00\x00\xff\xff\xff\xff"
 
 
 @pytest.mark.parametrize(

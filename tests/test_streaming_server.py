@@ -5,6 +5,7 @@ Each client reads the raw HTTP/1.1 answer (status line, headers, every chunk of 
 body as framed on the wire) of the same requests to the same handlers:
 
 - ``echo``: TorchServe's streaming test handler (three "hello" sends, then "hello world ");
+- ``echo_hk``: the same, sending with handlerkit's ``send_intermediate_predict_response``;
 - ``tokens``: a batch of 3 where each request streams its own tokens, statuses and headers,
   one of them ending with an empty final answer (no HTTP chunk for it), and a status and header
   set after the first chunk (not sent: the first chunk's status line and headers stand);
@@ -74,8 +75,10 @@ def handle(data, context):
     raise ValueError("the generator broke")
 '''
 
+ECHO_HK = ECHO_HANDLER.replace("from ts.handler_utils.utils import", "from handlerkit import")
 MODELS = {
     "echo": (ECHO_HANDLER, "batchSize: 1\n"),
+    "echo_hk": (ECHO_HK, "batchSize: 1\n"),
     "tokens": (TOKENS, "batchSize: 3\nmaxBatchDelay: 5000\n"),
     "failing": (FAILING, "batchSize: 1\n"),
 }
@@ -132,7 +135,7 @@ def _answers(port: int, per_app: bool = False) -> dict[str, object]:
     def path(model: str) -> str:
         return f"/{model}/predictions/{model}" if per_app else f"/predictions/{model}"
 
-    out: dict[str, object] = {"echo": _read_answer(port, path("echo"), b"42")}
+    out: dict[str, object] = {name: _read_answer(port, path(name), b"42") for name in ("echo", "echo_hk")}
     tokens: dict[int, object] = {}
 
     def token(i: int) -> None:
@@ -180,6 +183,7 @@ def test_torchserve_streams_as_pinned(torchserve_answers):
     status, headers, chunks, ended = torchserve_answers["echo"]
     assert (status, chunks, ended) == (200, [b"hello"] * 3 + [b"hello world "], True)
     assert headers["ts_stream_next"] == "true"
+    assert _comparable(torchserve_answers["echo_hk"]) == _comparable(torchserve_answers["echo"])  # hk's send
     statuses = [a[0] for a in torchserve_answers["tokens"]]
     assert statuses == [200, 206, 200]  # the first chunk's status; the final answer's 201 is not sent
     assert all("x-final" not in a[1] and a[1]["content-type"] == "application/json" for a in torchserve_answers["tokens"])

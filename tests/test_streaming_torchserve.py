@@ -156,3 +156,19 @@ def test_stopping_criteria_set_the_final_mark_as_the_worker_does(tmp_path):
     batch = hk.batch(hk.Request.text("a"), hk.Request.text("b"))
     run = _assert_same_as_torchserve(_model_dir(tmp_path, "criteria", CRITERIA_HANDLER), batch)
     assert [len(s.chunks) for s in run.streams] == [1, 1]
+
+
+def test_handlerkit_s_send_streams_the_same_under_torchserve_s_worker(tmp_path):
+    """A character GRU sending with ``from handlerkit import send_intermediate_predict_response``:
+    TorchServe's worker writes the same frames as with its own function, and the Harness the same
+    chunks as the worker."""
+    from _new_users import char_stream_dir
+
+    batch = hk.batch(hk.Request.text("the cat"), hk.Request.text("a dog"))
+    ours = char_stream_dir(tmp_path / "handlerkit_send", send_from="handlerkit")
+    theirs = char_stream_dir(tmp_path / "torchserve_send")
+    assert "from handlerkit import send_intermediate_predict_response" in (ours / "handler.py").read_text()
+    assert _torchserve(ours, batch) == _torchserve(theirs, batch)
+    run = _assert_same_as_torchserve(ours, batch)
+    assert [len(s.chunks) for s in run.streams] == [8, 8] and run.problems == []
+    assert ["".join(c.text for c in s.chunks) for s in run.streams] == run.output

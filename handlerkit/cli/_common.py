@@ -94,6 +94,40 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, files: str = "+") ->
     )
 
 
+def add_threads_argument(parser: Any) -> None:
+    """``--threads N`` on a parser or argument group, for the commands that time (``time``,
+    ``compile``, ``formats``); :func:`torch_threads` applies it."""
+    parser.add_argument(
+        "--threads",
+        metavar="N",
+        type=positive,
+        help="torch's intra-op CPU threads for the run (torch.set_num_threads); default: torch's own. "
+        "1 gives steadier timings of a small model on a busy machine",
+    )
+
+
+@contextlib.contextmanager
+def torch_threads(args: argparse.Namespace) -> Iterator[None]:
+    """The run with ``--threads N`` applied (``torch.set_num_threads``, put back after: ``main``
+    may run inside a notebook or a test), and thread warnings that name ``--threads``, the
+    remedy a terminal has."""
+    from handlerkit.devices import threads_advice
+
+    count = getattr(args, "threads", None)
+    with threads_advice("run with --threads {n}"):
+        if count is None:
+            yield
+            return
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(count)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+
 def sizes(text: str) -> list[int]:
     """An argparse type: ``"1,2,4,8"`` -> ``[1, 2, 4, 8]`` (positive, no repeats)."""
     try:

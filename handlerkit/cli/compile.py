@@ -11,6 +11,7 @@ from handlerkit.cli._common import (
     FAILED,
     OK,
     Outcome,
+    add_threads_argument,
     header,
     jsonable,
     loaded_batch,
@@ -18,6 +19,7 @@ from handlerkit.cli._common import (
     non_negative,
     positive,
     sizes,
+    torch_threads,
 )
 
 HELP = "report on torch.compile: cost, graph breaks, recompiles, the gate"
@@ -49,10 +51,11 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     group.add_argument(
         "--warmup", metavar="N", type=non_negative, default=1, help="calls discarded before timing (default: 1)"
     )
+    add_threads_argument(group)
 
 
 def command(args: argparse.Namespace) -> Outcome:
-    with loaded_batch(args) as (model, batch):
+    with torch_threads(args), loaded_batch(args) as (model, batch):
         report = model.harness.compile_report(
             batch, batch_sizes=args.batch_sizes, repeat=args.repeat, warmup=args.warmup, progress=args.progress
         )

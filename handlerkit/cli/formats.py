@@ -12,12 +12,14 @@ from handlerkit.cli._common import (
     OK,
     InputError,
     Outcome,
+    add_threads_argument,
     header,
     jsonable,
     loaded_batch,
     model_command,
     non_negative,
     positive,
+    torch_threads,
 )
 
 HELP = "compare the model's formats (TorchScript, ONNX, export, ...) inside the handler; --save one"
@@ -63,6 +65,7 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         "--repeat", metavar="N", type=positive, default=10, help="steady calls timed per format (default: 10)"
     )
     group.add_argument("--warmup", metavar="N", type=non_negative, default=1, help="calls discarded first (default: 1)")
+    add_threads_argument(group)
 
 
 def _format_list(text: str) -> list[str]:
@@ -101,7 +104,7 @@ def _dynamic_dims(text: str) -> dict[str | int, list[int]]:
 def command(args: argparse.Namespace) -> Outcome:
     if args.replace and args.save is None:
         raise InputError("--replace deletes earlier saves when --save FORMAT saves a new one: give --save too")
-    with loaded_batch(args) as (model, batch):
+    with torch_threads(args), loaded_batch(args) as (model, batch):
         try:
             report = model.harness.compare_formats(
                 batch,

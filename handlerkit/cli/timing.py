@@ -6,7 +6,18 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from handlerkit.cli._common import OK, Outcome, header, loaded_batch, model_command, non_negative, positive, sizes
+from handlerkit.cli._common import (
+    OK,
+    Outcome,
+    add_threads_argument,
+    header,
+    loaded_batch,
+    model_command,
+    non_negative,
+    positive,
+    sizes,
+    torch_threads,
+)
 
 HELP = "time each stage over repeated runs (--sweep: across batch sizes)"
 DESCRIPTION = (
@@ -41,10 +52,11 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         default=None,
         help="unmeasured runs first (default: 3, or 2 per size in a sweep)",
     )
+    add_threads_argument(group)
 
 
 def command(args: argparse.Namespace) -> Outcome:
-    with loaded_batch(args) as (model, batch):
+    with torch_threads(args), loaded_batch(args) as (model, batch):
         h = model.harness
         if args.sweep:
             report = h.sweep(

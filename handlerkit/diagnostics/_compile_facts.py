@@ -17,12 +17,13 @@ from handlerkit.contract import Problem
 from handlerkit.diagnostics._compile_gate import eager_model
 from handlerkit.diagnostics._dynamo_events import DynamoEvents, dynamic_dims, recompiles, user_frame
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.noise import spread
 from handlerkit.summaries import iter_tensors
 
 #: A :class:`handlerkit.diagnostics.compile.CompileReport` (not imported: that module imports this one).
 CompileReport = Any
 
-__all__ = ["FELL_BACK", "failure_fix", "first_call_facts", "read_settings", "stage_ms"]
+__all__ = ["FELL_BACK", "failure_fix", "first_call_facts", "read_settings", "slower_than_eager", "stage_ms"]
 
 _NOT_COMPILABLE = {
     "torchscript": "torch.compile cannot compile a TorchScript model",
@@ -241,3 +242,44 @@ def _dynamic_inputs(settings: dict[str, Any], run: Any, symbols: list[str]) -> l
                 found.append(f"inference input {i}: dim {dim} ({how} in preprocess)")
     found += [f"{d} (made dynamic by Dynamo)" for d in dynamic_dims(symbols)]
     return found
+
+
+# ---------------------------------------------------------------------------- the steady state
+#: Backends that trace and run the graph as eager PyTorch: they check Dynamo, they generate no code.
+_DEBUG_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition")
+
+
+def slower_than_eager(report: CompileReport, later: DynamoEvents) -> list[Problem]:
+    """A problem when the compiled model is slower than eager beyond the steady calls' noise, with
+    the fixes the report's facts point at, ending with serving eager; none otherwise."""
+    faster, compiled, eager = report.faster, report.steady_compiled, report.steady_eager
+    if faster is None or compiled is None or eager is None:
+        return []
+    if faster.best != "eager":
+        if faster.best is None:
+            report.notes.append(f"compiled against eager: {faster.reason}")
+        return []
+    fixes = []
+    if report.backend in _DEBUG_BACKENDS:
+        fixes.append(f"backend {report.backend!r} generates no code (it checks tracing): use backend: inductor")
+    if later.frames:
+        fixes.append(
+            "the steady calls compiled again (see recompiles): warm the model up with the shapes traffic brings, "
+            "or mark the varying dimension dynamic"
+        )
+    if report.graph_breaks:
+        fixes.append(f"remove the {len(report.graph_breaks)} graph break(s) (each hint says how)")
+    if report.pt2_settings.get("dynamic") is True:
+        fixes.append("dynamic: true compiles shape-generic code: leave it unset where shapes are fixed")
+    mode = report.pt2_settings.get("mode")
+    if mode:
+        fixes.append(f"try without mode {mode!r}")
+    fixes.append(
+        "or serve eager (pt2: {compile: {enable: false}} in model-config.yaml): a small model's work can cost "
+        "less than the compiled code's guards and calls"
+    )
+    message = (
+        f"the compiled model is slower than eager: {report.timed_stage} takes {spread(compiled)} compiled and "
+        f"{spread(eager)} eager ({eager.median / compiled.median:.2f}x), a difference beyond the run's noise"
+    )
+    return [Problem("compile-slower", message, "; ".join(fixes), report.timed_stage, severity="warning")]

@@ -24,7 +24,16 @@ from handlerkit.diagnostics._dynamo_events import DynamoEvents
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.errors import StageError
 
-__all__ = ["FIX_DYNAMIC", "FIX_SIZE_ONE", "GateResult", "check_sizes", "eager_model", "gate_problems", "run_gate"]
+__all__ = [
+    "FIX_DYNAMIC",
+    "FIX_SIZE_ONE",
+    "GateResult",
+    "check_sizes",
+    "eager_model",
+    "gate_notes",
+    "gate_problems",
+    "run_gate",
+]
 
 FIX_DYNAMIC = (
     "set dynamic: true in the pt2 section (pt2: {compile: {enable: true, dynamic: true, ...}}), or call "
@@ -196,3 +205,16 @@ def check_sizes(view: HarnessView, batch: Any) -> list[int]:
         if isinstance(value, int) and not isinstance(value, bool) and value > configured:
             configured = value
     return batch_sizes(max(len(batch), configured))
+
+
+def gate_notes(report: Any, stance: bool) -> None:
+    """What to know next to the gate's verdicts (``report``: a :class:`~.compile.CompileReport`)."""
+    if not stance:
+        report.notes.append(
+            "this torch has no torch.compiler.set_stance: the gate let the sizes compile, as traffic would"
+        )
+    if report.recompiling_sizes and report.pt2_settings.get("dynamic") is None:
+        report.notes.append(
+            "without the gate, Dynamo recompiles at the first new batch size and then treats the batch "
+            "dimension as dynamic (automatic dynamic shapes): that one compile still lands on a live request"
+        )

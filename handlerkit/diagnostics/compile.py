@@ -12,7 +12,8 @@ One report, read from torch's structured records rather than its log text
    hint, graph-break code and its page) and the recompiles with their reasons, and which input
    dimensions are dynamic;
 4. the steady-state median of the compiled model against the eager one (``_orig_mod``, swapped
-   in for the timing and put back whatever happens) on the same batch;
+   in for the timing and put back whatever happens) on the same batch, with its noise and
+   conditions (:mod:`.noise`): a compiled model slower beyond that noise is a problem;
 5. with ``batch_sizes``, the deploy-time recompile gate (:mod:`._compile_gate`).
 
 The report leaves torch as it found it: it never calls ``torch._dynamo.reset()`` or
@@ -35,7 +36,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.contract import Problem
 from handlerkit.diagnostics import _compile_facts as facts
 from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
-from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_problems, run_gate
+from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_notes, gate_problems, run_gate
 from handlerkit.diagnostics._dynamo_events import (
     CompiledFrame,
     CountersKept,
@@ -48,6 +49,7 @@ from handlerkit.diagnostics._dynamo_events import (
 )
 from handlerkit.diagnostics._specialisations import Specialisation, specialisations
 from handlerkit.diagnostics._view import HarnessView, model_handler
+from handlerkit.diagnostics.noise import Conditions, Fastest, fastest
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
@@ -88,6 +90,7 @@ class CompileReport(Rendered):
         timed_stage: ``"inference"``, or ``"handle"`` for a handler that runs no stages.
         steady_compiled / steady_eager: milliseconds of ``timed_stage`` per call, after warm-up
             (the inference stage is called alone on the first run's input).
+        conditions: what the steady calls were timed under (threads, cores, load).
         gate: the recompile gate's verdict per batch size (empty unless ``batch_sizes`` given).
         problems: what needs fixing, each with its fix.
         notes: facts worth knowing next to the numbers.
@@ -121,6 +124,7 @@ class CompileReport(Rendered):
     timed_stage: str = "inference"
     steady_compiled: TimingStats | None = None
     steady_eager: TimingStats | None = None
+    conditions: Conditions | None = None
     gate: list[GateResult] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -146,6 +150,13 @@ class CompileReport(Rendered):
         return self.steady_eager.median / self.steady_compiled.median
 
     @property
+    def faster(self) -> Fastest | None:
+        """Compiled or eager, whichever is faster beyond the steady calls' noise (both timed)."""
+        if self.steady_compiled is None or self.steady_eager is None:
+            return None
+        return fastest({"compiled": self.steady_compiled, "eager": self.steady_eager})
+
+    @property
     def recompiling_sizes(self) -> list[int]:
         return [g.batch_size for g in self.gate if g.recompiles]
 
@@ -159,8 +170,10 @@ class CompileReport(Rendered):
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (front ends and notebooks read this); ``graph_caches``
         lists each graph's cache outcomes, next to ``cold_compile_s`` / ``cache_load_s``."""
+        faster, conditions = self.faster, self.conditions
         extra = {"speedup": self.speedup, "gate_ok": self.gate_ok, "graph_caches": facts.graph_caches(self.graphs)}
-        return {**asdict(self), **extra}
+        timed = {"faster": faster and faster.to_dict(), "conditions": conditions and conditions.to_dict()}
+        return {**asdict(self), **extra, **timed}
 
     # -- rendering --------------------------------------------------------------------------
     def _summary(self) -> str:
@@ -179,8 +192,9 @@ class CompileReport(Rendered):
         parts.append(
             f"{len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s), {len(self.recompiles)} recompile(s)"
         )
-        if self.speedup is not None:
-            parts.append(f"speedup {self.speedup:.2f}x over eager")
+        if self.speedup is not None and (faster := self.faster) is not None:
+            said = {None: " (within noise)", "eager": " (slower: see the problems)"}.get(faster.best, "")
+            parts.append(f"speedup {self.speedup:.2f}x over eager{said}")
         if self.gate:
             sizes = self.recompiling_sizes
             parts.append(f"gate: batch {', '.join(map(str, sizes))} recompile" if sizes else "gate: no recompile")
@@ -213,17 +227,19 @@ class CompileReport(Rendered):
             if self.cache_load_s is not None:
                 cost.append(["graphs loaded from the FX graph cache s", self.cache_load_s])
         steady = [
-            [name, s.n, s.median, s.p90]
+            [name, s.n, s.median, f"{s.p25:.3g}-{s.p75:.3g}", s.p90]
             for name, s in (("compiled", self.steady_compiled), ("eager", self.steady_eager))
             if s is not None
         ]
         if self.speedup is not None:
-            steady.append(["speedup (eager / compiled)", "", self.speedup, ""])
+            steady.append(["speedup (eager / compiled)", "", self.speedup, "", ""])
         return [
             Table(kv, settings, "pt2"),
             Table(kv, cost, "first call"),
             Table(
-                ("", "n", "median ms", "p90 ms"), steady, f"steady state ({self.timed_stage}, batch {self.batch_size})"
+                ("", "n", "median ms", "p25-p75 ms", "p90 ms"),
+                steady,
+                f"steady state ({self.timed_stage}, batch {self.batch_size})",
             ),
             Table(
                 (
@@ -337,15 +353,18 @@ def compile_report(
                 if sizes:
                     report.notes.append("the model is not compiled: the recompile gate has nothing to check")
                 return report
+            report.conditions = Conditions.measure()  # before the steady calls: the load without them
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 later = _steady(report, view, batch, run, warmup, repeat, bar)
                 report.graph_breaks = graph_breaks(first.breaks + later.breaks)
                 report.specialisations = specialisations(first.specialised + later.specialised)
+                report.problems.extend(facts.slower_than_eager(report, later))
                 if sizes:
                     report.gate, stance = run_gate(view, batch, sizes, bar)
                     report.problems.extend(gate_problems(report.gate))
-                    _gate_notes(report, stance)
+                    gate_notes(report, stance)
+            report.conditions.report(report.notes)
     finally:
         counters.restore()
     if report.graph_breaks:
@@ -479,15 +498,3 @@ def _steady(
         report.notes.append(f"the eager model failed where the compiled one ran: {type(exc).__name__}: {exc}")
     bar.update()
     return later
-
-
-def _gate_notes(report: CompileReport, stance: bool) -> None:
-    if not stance:
-        report.notes.append(
-            "this torch has no torch.compiler.set_stance: the gate let the sizes compile, as traffic would"
-        )
-    if report.recompiling_sizes and report.pt2_settings.get("dynamic") is None:
-        report.notes.append(
-            "without the gate, Dynamo recompiles at the first new batch size and then treats the batch "
-            "dimension as dynamic (automatic dynamic shapes): that one compile still lands on a live request"
-        )

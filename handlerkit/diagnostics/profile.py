@@ -34,6 +34,7 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit.contract import HANDLER_STAGES
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.noise import Conditions
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import HandlerkitError
 
@@ -112,7 +113,8 @@ class ProfileReport(Rendered):
         record_shapes: whether input shapes were recorded (and group the rows).
         warmup: unprofiled runs before the profiled one.
         trace: the Chrome/Perfetto trace written, if any.
-        notes: facts worth reading next to the numbers.
+        notes: facts worth reading next to the numbers (the conditions' among them).
+        conditions: what the profiled run was timed under (threads, cores, load).
     """
 
     stages: dict[str, list[OpStats]]
@@ -126,6 +128,7 @@ class ProfileReport(Rendered):
     warmup: int = 1
     trace: str | None = None
     notes: list[str] = field(default_factory=list)
+    conditions: Conditions | None = None
 
     @property
     def device_time(self) -> bool:
@@ -136,6 +139,7 @@ class ProfileReport(Rendered):
         """Plain, JSON-serialisable data."""
         data = asdict(self)
         data["device_time"] = self.device_time
+        data["conditions"] = None if self.conditions is None else self.conditions.to_dict()
         return data
 
     def _summary(self) -> str:
@@ -447,6 +451,7 @@ def profile_stages(
     handler = view.handler
     device = getattr(handler, "device", None) if handler is not None else None
     activities = profiler_activities(device)
+    conditions = Conditions.measure()  # before the runs: the load the machine had without them
     with Bar(warmup + 1, f"profiling {view.name}", progress) as bar, diagnostic_runs(view), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(warmup):
@@ -468,7 +473,8 @@ def profile_stages(
             if trace_path is not None:
                 prof.export_chrome_trace(trace_path)
     stages, totals = aggregate(events, top=top, record_shapes=record_shapes, device_time="CUDA" in activities)
-    notes = []
+    notes: list[str] = []
+    conditions.report(notes)
     if labelled and not any(s in totals for s in labelled):
         notes.append(
             f"handle called none of {', '.join(labelled)} through the handler (a handle of its own, or stage "
@@ -490,4 +496,5 @@ def profile_stages(
         warmup=warmup,
         trace=trace_path,
         notes=notes,
+        conditions=conditions,
     )

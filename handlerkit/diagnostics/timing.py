@@ -6,7 +6,8 @@ handler that splits the batch is timed as TorchServe runs it) inside
 after); the stages' times come from the harness's device-synchronised timer
 (:class:`handlerkit.timer.Timer`), device time where there is one.
 :func:`time_callable_stages` repeats any pass and collects the per-stage milliseconds it
-returns; :class:`TimingReport` and :class:`SweepReport` render themselves.
+returns; :class:`TimingReport` and :class:`SweepReport` render themselves, each with the
+:class:`~handlerkit.diagnostics.noise.Conditions` it was timed under.
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from handlerkit import devices
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
-from handlerkit._stack import user_stacklevel
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.noise import Conditions
 from handlerkit.diagnostics.runs import diagnostic_runs
-from handlerkit.errors import HandlerkitWarning
 from handlerkit.timer import percentile
 
 __all__ = [
@@ -53,13 +52,16 @@ class TimingStats:
     """Summary of a list of timings in milliseconds.
 
     ``median`` and ``p90`` use linear interpolation between closest ranks (numpy's default
-    ``percentile`` method), so ``p90`` of ``[1, …, 10]`` is 9.1. ``std`` is the sample
-    standard deviation (n − 1 in the denominator), 0.0 for a single sample.
+    ``percentile`` method), so ``p90`` of ``[1, …, 10]`` is 9.1; ``p25`` to ``p75`` is the
+    run's noise around the median (:func:`handlerkit.diagnostics.noise.fastest`). ``std`` is
+    the sample standard deviation (n − 1 in the denominator), 0.0 for a single sample.
     """
 
     n: int
     min: float
+    p25: float
     median: float
+    p75: float
     p90: float
     mean: float
     std: float
@@ -87,7 +89,9 @@ def summarize(samples: Iterable[float]) -> TimingStats:
     return TimingStats(
         n=len(values),
         min=ordered[0],
+        p25=percentile(ordered, 25),
         median=percentile(ordered, 50),
+        p75=percentile(ordered, 75),
         p90=percentile(ordered, 90),
         mean=total / len(values),
         std=statistics.stdev(values) if len(values) > 1 else 0.0,
@@ -173,7 +177,8 @@ class TimingReport(Rendered):
         warmup: discarded passes before measuring.
         repeat: measured passes.
         device: where the model ran, e.g. ``"cpu"`` or ``"cuda:0"``.
-        notes: facts worth reading next to the numbers.
+        notes: facts worth reading next to the numbers (the conditions' among them).
+        conditions: what the timing was taken under (threads, cores, load), when measured.
     """
 
     stages: dict[str, TimingStats]
@@ -183,6 +188,7 @@ class TimingReport(Rendered):
     repeat: int = 1
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    conditions: Conditions | None = None
 
     @classmethod
     def from_samples(
@@ -194,6 +200,7 @@ class TimingReport(Rendered):
         repeat: int | None = None,
         device: Any = "cpu",
         notes: Iterable[str] = (),
+        conditions: Conditions | None = None,
     ) -> TimingReport:
         """Build a report from ``{stage: [ms]}`` (what :func:`time_callable_stages` returns).
 
@@ -204,7 +211,7 @@ class TimingReport(Rendered):
         e2e = summarize(samples[END_TO_END]) if END_TO_END in samples else None
         if repeat is None:
             repeat = max((len(v) for v in samples.values()), default=0)
-        return cls(stages, e2e, batch_size, warmup, repeat, str(device), list(notes))
+        return cls(stages, e2e, batch_size, warmup, repeat, str(device), list(notes), conditions)
 
     @property
     def throughput(self) -> float | None:
@@ -244,6 +251,7 @@ class TimingReport(Rendered):
             "end_to_end": None if self.end_to_end is None else self.end_to_end.to_dict(),
             "throughput_rps": self.throughput,
             "notes": list(self.notes),
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
         }
 
     def _summary(self) -> str:
@@ -269,11 +277,13 @@ class SweepReport(Rendered):
 
     Attributes:
         reports: one report per batch size, in the order given.
-        notes: facts worth reading next to the numbers.
+        notes: facts worth reading next to the numbers (the conditions' among them).
+        conditions: what the sweep was timed under, measured once before it.
     """
 
     reports: list[TimingReport]
     notes: list[str] = field(default_factory=list)
+    conditions: Conditions | None = None
 
     @property
     def device(self) -> str:
@@ -322,6 +332,7 @@ class SweepReport(Rendered):
             "rows": self.rows,
             "reports": [r.to_dict() for r in self.reports],
             "notes": list(self.notes),
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
         }
 
     def _summary(self) -> str:
@@ -343,14 +354,20 @@ def _stage_ms(run: Any) -> dict[str, float]:
 
 
 def time_stages(
-    harness: HarnessView, batch: Any, warmup: int = 3, repeat: int = 20, progress: bool | Bar | None = None
+    harness: HarnessView,
+    batch: Any,
+    warmup: int = 3,
+    repeat: int = 20,
+    progress: bool | Bar | None = None,
+    conditions: Conditions | None = None,
 ) -> TimingReport:
     """Per-stage statistics over ``repeat`` runs after ``warmup`` runs.
 
     ``progress``: a bar (see :mod:`handlerkit._progress`; None lets the environment decide),
-    or an open :class:`~handlerkit._progress.Bar` to advance (a sweep's).
+    or an open :class:`~handlerkit._progress.Bar` to advance (a sweep's). ``conditions``:
+    measured already (a sweep's, reported once there); else measured here and reported.
     """
-    threads = devices.cpu_threads()  # before the runs: the load the machine had without them
+    measured = conditions or Conditions.measure()  # before the runs: the load the machine had without them
     with diagnostic_runs(harness), warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.simplefilter("ignore")
         shown = (
@@ -363,15 +380,14 @@ def time_stages(
         )
     handler = harness.handler
     device = getattr(handler, "device", None) or "cpu"
-    notes = [f"torch: {threads}"]
-    if threads.warning:
-        notes.append(threads.warning)
-        warnings.warn(f"handlerkit: {threads.warning}", HandlerkitWarning, stacklevel=user_stacklevel())
+    notes: list[str] = []
+    if conditions is None:
+        measured.report(notes)
     compiled = getattr(getattr(getattr(handler, "decisions", None), "compile", None), "applied", False)
     if compiled and warmup < 1:
         notes.append("the model is compiled and warmup is 0: the first pass includes compilation")
     return TimingReport.from_samples(
-        samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes
+        samples, batch_size=len(batch), warmup=warmup, repeat=repeat, device=device, notes=notes, conditions=measured
     )
 
 
@@ -396,9 +412,13 @@ def sweep_stages(
     """Latency and throughput per stage at each batch size (one bar over every pass)."""
     if not batch_sizes or any(not isinstance(n, int) or n < 1 for n in batch_sizes):
         raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
+    conditions = Conditions.measure()
     with Bar(len(batch_sizes) * (warmup + repeat), f"sweep {harness.name}", progress) as shown:
         reports = []
         for n in batch_sizes:
             shown.set_description(f"sweep {harness.name}: batch {n}")
-            reports.append(time_stages(harness, resize_batch(batch, n), warmup=warmup, repeat=repeat, progress=shown))
-    return SweepReport(reports)
+            sized = resize_batch(batch, n)
+            reports.append(time_stages(harness, sized, warmup, repeat, progress=shown, conditions=conditions))
+    report = SweepReport(reports, conditions=conditions)
+    conditions.report(report.notes)
+    return report

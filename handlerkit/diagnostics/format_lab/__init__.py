@@ -17,7 +17,9 @@ The handler's model (its eager ``nn.Module``) is exported to each format asked f
    the model config's ``handler: {dynamic_shapes: ...}``) declares are exported dynamic where
    the format has the setting, and tried with other sizes (:mod:`.shapes`);
 5. the steady state: every format's inference stage timed side by side, in an order that
-   rotates from round to round, so a machine that slows down does not favour one format.
+   rotates from round to round, so a machine that slows down does not favour one format
+   (:mod:`handlerkit.diagnostics.noise`: a best only beyond the run's noise, and the conditions
+   it ran under).
 
 ``save=FORMAT`` saves a format only once the saved dir serves: the save is made in a copy of
 the model dir, opened afresh as a server would, and the batch, its requests alone and the

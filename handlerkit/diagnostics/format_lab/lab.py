@@ -19,6 +19,7 @@ from handlerkit.diagnostics.format_lab.export import make, quiet
 from handlerkit.diagnostics.format_lab.report import FormatReport, FormatRow
 from handlerkit.diagnostics.format_lab.saving import Case, save_dir, save_made
 from handlerkit.diagnostics.format_lab.shapes import Probe, accepted, configured_dims, plan_dims, probes, run_alone
+from handlerkit.diagnostics.noise import Conditions
 from handlerkit.diagnostics.runs import diagnostic_runs
 from handlerkit.diagnostics.timing import summarize
 from handlerkit.errors import HandlerkitError
@@ -86,6 +87,7 @@ def compare_formats(
     handler = model_handler(view, "compare_formats")
     declared, source = (dynamic_shapes, "dynamic_shapes=") if dynamic_shapes is not None else configured_dims(view)
     report = FormatReport(view.name, len(batch), repeat=repeat, warmup=warmup, atol=atol, rtol=rtol)
+    report.conditions = Conditions.measure()  # before the lab: the load the machine had without it
     with (
         diagnostic_runs(view),
         _workdir(directory) as workdir,
@@ -138,6 +140,7 @@ def compare_formats(
             bar.update(len(names))
         finally:
             handler.model = own
+    report.conditions.report(report.notes)  # before the save's warning, the lab's last word
     if report.saved is not None:
         report.saved.warn_if_not_torchserve()  # here: the lab ignores warnings while it runs
     if report.dims is not None and report.dims.dynamic:

@@ -10,6 +10,7 @@ from handlerkit._text import format_bytes
 from handlerkit.diagnostics.format_lab.export import ExportFailure
 from handlerkit.diagnostics.format_lab.saving import Refusal
 from handlerkit.diagnostics.format_lab.shapes import Dims, shown
+from handlerkit.diagnostics.noise import Conditions, Fastest, fastest
 from handlerkit.diagnostics.timing import TimingStats
 
 __all__ = ["FormatReport", "FormatRow"]
@@ -95,10 +96,11 @@ class FormatReport(Rendered):
         rows: one :class:`FormatRow` per format, eager first.
         repeat / warmup: steady-state calls timed, and discarded before, per format.
         atol / rtol: the tolerance the answers are compared with.
-        notes: facts worth reading next to the numbers.
+        notes: facts worth reading next to the numbers (the conditions' among them).
         dims: the model's inputs and which of their dimensions vary besides the batch.
         saved: the format saved into the model dir (``save=``), or None.
         refused: why ``save=`` did not save (its reason and fix), or None.
+        conditions: what the steady state was timed under (threads, cores, load).
     """
 
     handler: str
@@ -113,6 +115,7 @@ class FormatReport(Rendered):
     dims: Dims | None = None
     saved: Any = None
     refused: Refusal | None = None
+    conditions: Conditions | None = None
 
     @property
     def ok(self) -> bool:
@@ -120,10 +123,14 @@ class FormatReport(Rendered):
         return bool(self.rows) and all(row.agrees for row in self.rows)
 
     @property
+    def verdict(self) -> Fastest:
+        """The fastest format that agrees, and whether its lead is beyond the run's noise."""
+        return fastest({row.format: row.steady for row in self.rows if row.agrees and row.steady is not None})
+
+    @property
     def best(self) -> FormatRow | None:
-        """The fastest format (steady-state median) whose answers agree with eager's."""
-        timed = [row for row in self.rows if row.agrees and row.steady is not None]
-        return min(timed, key=lambda row: row.steady.median if row.steady else 0.0, default=None)
+        """The fastest format that agrees with eager, when its lead is beyond the noise (:attr:`verdict`)."""
+        return None if (best := self.verdict.best) is None else self.row(best)
 
     def row(self, fmt: str) -> FormatRow:
         """The row of format ``fmt``."""
@@ -145,18 +152,21 @@ class FormatReport(Rendered):
             "rtol": self.rtol,
             "ok": self.ok,
             "best": None if best is None else best.format,
+            "verdict": self.verdict.reason,
             "rows": [row.to_dict() for row in self.rows],
             "notes": list(self.notes),
             "dims": None if self.dims is None else self.dims.to_dict(),
             "saved": None if self.saved is None else self.saved.to_dict(),
             "refused": None if self.refused is None else self.refused.to_dict(),
+            "conditions": None if self.conditions is None else self.conditions.to_dict(),
         }
 
     def _summary(self) -> str:
         best = self.best
         failed = [r.format for r in self.rows if not r.exported]
         differ = [r.format for r in self.rows if r.exported and not r.agrees]
-        parts = [f"best: {best.format}" if best is not None else "no format agrees with eager"]
+        verdict = self.verdict.reason if self.verdict.fastest else "no format agrees with eager"
+        parts = [f"best: {best.format}" if best is not None else verdict]  # or "no clear winner (within noise: ...)"
         if failed:
             parts.append(f"not exported: {', '.join(failed)}")
         if differ:
@@ -183,6 +193,7 @@ class FormatReport(Rendered):
                     r.export_s,
                     r.first_call_ms,
                     None if r.steady is None else r.steady.median,
+                    None if r.steady is None else f"{r.steady.p25:.3g}-{r.steady.p75:.3g}",
                     ratio,
                     format_bytes(r.peak_bytes) if r.peak_bytes is not None else None,
                     format_bytes(r.artifact_bytes) if r.artifact_bytes is not None else None,
@@ -190,7 +201,7 @@ class FormatReport(Rendered):
                 ]
             )
         headers = ("format", "exported", "answers", "max abs diff", "export s", "first call ms", "median ms",
-                   "speedup", "peak memory", "size", "batch sizes")  # fmt: skip
+                   "p25-p75 ms", "speedup", "peak memory", "size", "batch sizes")  # fmt: skip
         how = [[r.format, r.how, _dynamic(r)] for r in self.rows if r.exported]
         dims = [[r.format, shown(r.dims), "; ".join(r.fixed_dims)] for r in self.rows if r.dims]
         failures = [
