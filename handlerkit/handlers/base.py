@@ -273,7 +273,7 @@ class BaseHandler(PerRequestErrors):
         decisions.model_format, decisions.loader = loaded.format, loaded.loader
         decisions.model_path, decisions.model_details = loaded.path, loaded.details
 
-        decisions.compile = self._apply_compile(config.pt2)
+        decisions.compile = self._apply_compile(config.pt2, loaded.format)
         if decisions.compile.applied:  # before the first compiled call: the shipped compile cache
             shipped = load_shipped(model_dir, choice.kind, self.device)
             decisions.compile.cache = shipped.to_dict()
@@ -311,11 +311,14 @@ class BaseHandler(PerRequestErrors):
         state["cudnn_conv"] = torch.backends.cudnn.conv.fp32_precision  # type: ignore[attr-defined]
         return state
 
-    def _apply_compile(self, pt2: Any) -> CompileDecision:
+    def _apply_compile(self, pt2: Any, model_format: str = "eager") -> CompileDecision:
         decision = CompileDecision(
             requested=pt2.compile, schema=pt2.schema, options=dict(pt2.compile_options), reason=pt2.reason
         )
         if not pt2.compile:
+            return decision
+        if model_format == "onnx":  # Dynamo would trace the session's Python wrapper and compile nothing
+            decision.reason = "an ONNX model runs in onnxruntime, outside PyTorch: torch.compile has nothing to compile"
             return decision
         backend = pt2.backend
         if backend is not None and backend not in torch._dynamo.list_backends(exclude_tags=()):

@@ -59,8 +59,9 @@ def _namespace(target: Any) -> dict[str, Any] | None:
         return target.__globals__
     for value in vars(target).values():
         func = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
-        with contextlib.suppress(ValueError):  # a __wrapped__ cycle
-            func = inspect.unwrap(func)  # a wrapped stage method (PerRequestErrors's) is the user's inside
+        if callable(func):
+            with contextlib.suppress(ValueError):  # a __wrapped__ cycle
+                func = inspect.unwrap(func)  # a wrapped stage method (PerRequestErrors's) is the user's inside
         namespace = getattr(func, "__globals__", None)
         if namespace is not None and namespace.get("__name__") == target.__module__:
             return namespace
