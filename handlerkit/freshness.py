@@ -103,14 +103,14 @@ class Sources:
     """The files some loaded code ran from, each with the :class:`Stamp` of what it ran, and
     which of them changed since (``"handler.py changed since it was loaded"``).
 
-    :meth:`changed` is made for a loop (every run of a Harness calls it): it looks at most once
-    every :attr:`every` seconds, and a look stats each file and reads one only when its mtime or
-    size moved, or when it was modified too recently for them to be trusted (an edit within the
-    same clock tick keeps both).
+    :meth:`changed` is made for every run of a Harness: a look stats each file and reads one only
+    when its mtime or size moved, or when it was modified too recently for them to be trusted (an
+    edit within the same clock tick keeps both). It looks on every call, so an edit made just
+    before a run is told at that run (a notebook runs the cell after ``%%writefile`` within
+    milliseconds); a loop of runs that must not pay a stat each (a diagnostic's) looks once
+    before it (``Harness.preserved``).
     """
 
-    #: Seconds between two looks of :meth:`changed`.
-    every = 1.0
     _RACY_NS = 2_000_000_000  # a file modified less than this before a look may change again unseen
 
     def __init__(self, modules: Iterable[ModuleType | None] = (), *, ran: dict[str, Stamp] | None = None) -> None:
@@ -118,7 +118,6 @@ class Sources:
         self.add(modules)
         self._trusted: dict[str, tuple[int, int]] = {}  # file -> (mtime_ns, size) whose content is known
         self._told: dict[str, bytes | None] = {}  # file -> the content last reported as changed
-        self._due = time.monotonic() + self.every
 
     @property
     def files(self) -> list[str]:
@@ -144,11 +143,7 @@ class Sources:
 
     def changed(self) -> list[str]:
         """The files whose content is not what ran, each told once per change (edited again,
-        told again; put back as it was, forgotten); ``[]`` between two looks."""
-        now = time.monotonic()
-        if now < self._due:
-            return []
-        self._due = now + self.every
+        told again; put back as it was, forgotten)."""
         wall = time.time_ns()
         news = []
         for file, ran in self._ran.items():

@@ -100,8 +100,7 @@ class Harness(Reports):
             self.service = handler
         else:
             self.service = Service(handler, context, envelope=envelope, build=spy.build_spied, working_dir=working_dir)
-        # Built as the spied class already (a class or spec), or given the spied class now (an
-        # instance, a Service opened elsewhere): stage calls inside handle reach the recorder.
+        # Spied when built (a class, a spec) or now (an instance, a Service): stage calls reach the recorder.
         self._spied = self.handler is not None and spy.spy_on(self.handler)
         self.track_memory = track_memory
         self.capture_logs = capture_logs
@@ -112,13 +111,13 @@ class Harness(Reports):
         #: The last :meth:`run`'s (or :meth:`stream`'s) Run, a failed one too (``.error``); None before.
         self.last_run: Run | None = None
         self._warning_registry: dict[Any, Any] = {}
+        self._looking = True  # runs look whether the handler's files changed (not inside preserved())
         self._capture: Capture | None = None
         self._log_handler = ListHandler()
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self._handler_files = failures.handler_files(self.function or self.handler)
         failures.refresh_sources(self._handler_files)  # errors show the lines of the code loaded now
-        #: What errors call a request, by request id (``handlerkit run`` names each by its file);
-        #: a request not named here is "request <index>".
+        #: What errors call a request, by id (``handlerkit run``: its file); else "request <index>".
         self.request_names: dict[str, str] = {}
         #: What a fix pointing at the raising line says to do next (None: h.reload() and run the stage again).
         self.fix_then: str | None = None
@@ -201,9 +200,12 @@ class Harness(Reports):
     def preserved(self) -> Iterator[None]:
         """Run extra batches (checks, timing) and put the results and the bound batch back after."""
         results, batch, last_run = dict(self.results), self.batch, self.last_run
+        reloading.warn_if_changed(self.service)  # once for all the extra batches, which do not look
+        looking, self._looking = self._looking, False
         try:
             yield
         finally:
+            self._looking = looking
             self.results.clear()
             self.results.update(results)
             self.batch, self.last_run = batch, last_run
@@ -240,7 +242,8 @@ class Harness(Reports):
         """Open a capture unless one is open already (a step inside a run); None then."""
         if self._capture is not None:
             return None
-        reloading.warn_if_changed(self.service)  # edited since loaded? (one look a second at most)
+        if self._looking:  # edited since loaded? (a stat per file; a diagnostic's loop looked once before it)
+            reloading.warn_if_changed(self.service)
         capture = Capture(
             self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry
         )

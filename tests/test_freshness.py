@@ -54,12 +54,6 @@ def answer(opener: str, model_dir: Path, batch: list) -> list:
 OPENERS = ("Harness.open", "Harness(spec, ctx)", "Service.open")
 
 
-@pytest.fixture
-def looks_every_run(monkeypatch):
-    """The change check looks on every run (it waits a second between looks)."""
-    monkeypatch.setattr(freshness.Sources, "every", 0.0)
-
-
 # ---------------------------------------------------------------------------- opening again
 
 
@@ -245,7 +239,7 @@ def changed_warnings(record: list[warnings.WarningMessage]) -> list[str]:
     ]
 
 
-def test_a_harness_says_once_per_change_that_its_files_changed(tmp_path, looks_every_run):
+def test_a_harness_says_once_per_change_that_its_files_changed(tmp_path):
     model_dir = ranker_dir(tmp_path / "recs", base="handlerkit")
     handler = model_dir / "handler.py"
     h = hk.Harness.open(model_dir)
@@ -284,7 +278,7 @@ def test_a_harness_says_once_per_change_that_its_files_changed(tmp_path, looks_e
 
 
 @pytest.mark.torchserve
-def test_the_change_warning_reaches_the_caller_of_stream(tmp_path, looks_every_run):
+def test_the_change_warning_reaches_the_caller_of_stream(tmp_path):
     model_dir = char_stream_dir(tmp_path / "chars", base="handlerkit")
     h = hk.Harness.open(model_dir)
     list(h.stream([hk.Request.text("ab")]))
@@ -295,41 +289,37 @@ def test_the_change_warning_reaches_the_caller_of_stream(tmp_path, looks_every_r
     assert [w.filename for w in record if "changed since" in str(w.message)] == [__file__]
 
 
-def test_the_change_check_looks_once_a_second_and_reads_only_files_that_moved(tmp_path, monkeypatch):
+def test_the_change_check_stats_each_file_per_run_reads_only_files_that_moved_and_a_diagnostic_looks_once(
+    tmp_path, monkeypatch
+):
     model_dir = ranker_dir(tmp_path / "recs", base="handlerkit")
     long_ago = time.time_ns() - 3600 * 10**9  # files modified now may change again unseen by a stat
     for file in model_dir.glob("*.py"):
         os.utime(file, ns=(long_ago, long_ago))
     h = hk.Harness.open(model_dir)
     h.run(RANKED)  # initialize loads model.py: both files are watched
-    clock = [time.monotonic() + 3600.0]
-    monkeypatch.setattr(freshness.time, "monotonic", lambda: clock[0])
     reads, stats = [], []
     real_read, real_stat = freshness.read_stamp, os.stat
     monkeypatch.setattr(freshness, "read_stamp", lambda f: reads.append(os.path.basename(f)) or real_read(f))
 
     def stat(path, *args, **kwargs):
-        if str(path).endswith(".py"):  # (not the dir's listing, looked at once a second too)
+        if str(path).endswith(".py") and str(path).startswith(str(model_dir)):  # (not the dir's listing)
             stats.append(path)
         return real_stat(path, *args, **kwargs)
 
     monkeypatch.setattr(freshness.os, "stat", stat)
-    h.run(RANKED)  # the first look reads each file once
-    assert sorted(reads) == ["handler.py", "model.py"] and len(stats) == 2
-    for _ in range(5):
+    h.run(RANKED)  # the run before read each file once: now a stat each, no read (mtime and size as seen)
+    assert reads == [] and len(stats) == 2
+    for _ in range(3):
         h.run(RANKED)
-    clock[0] += 0.5
-    h.run(RANKED)
-    assert len(stats) == 2  # no look within the second
-    clock[0] += 1.0
-    h.run(RANKED)
-    assert len(stats) == 4 and len(reads) == 2  # a look: a stat each, no read (mtime and size as seen)
+    assert len(stats) == 8 and reads == []
+    h.time(RANKED, warmup=1, repeat=5)  # seven runs of its own: one look before them
+    assert len(stats) == 10
     edit(model_dir / "handler.py", SCORE, f'{SCORE}, "v": 2')
     os.utime(model_dir / "handler.py", ns=(long_ago + 1, long_ago + 1))
-    clock[0] += 1.0
     with pytest.warns(HandlerkitWarning, match="handler.py changed since"):
-        h.run(RANKED)
-    assert sorted(reads) == ["handler.py", "handler.py", "model.py"]
+        h.run(RANKED)  # the very next run tells, however soon after the edit
+    assert reads == ["handler.py"]  # the one whose mtime moved
 
 
 # ---------------------------------------------------------------------------- TorchServe not installed
@@ -436,4 +426,4 @@ def test_the_change_check_benchmark_times_every_variant_and_puts_things_back(tmp
 
     samples = change_check.measure(str(tabular_dir(tmp_path / "tabular", base="handlerkit")), rounds=2, block=3)
     assert set(samples) == set(change_check.VARIANTS) and all(len(v) == 2 for v in samples.values())
-    assert harness.reloading is reloading and freshness.Sources.every == 1.0
+    assert harness.reloading is reloading

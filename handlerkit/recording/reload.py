@@ -28,8 +28,8 @@ __all__ = ["reexecuted", "warn_if_changed"]
 
 def warn_if_changed(service: Service) -> None:
     """Warn once per change when files the handler's code was loaded from changed since
-    (``handlerkit: handler.py changed since it was loaded: h.reload() to run it``); at most one
-    look a second (:meth:`Sources.changed <handlerkit.freshness.Sources.changed>`)."""
+    (``handlerkit: handler.py changed since it was loaded: h.reload() to run it``); a stat per
+    file (:meth:`Sources.changed <handlerkit.freshness.Sources.changed>`)."""
     changed = service.sources.changed()
     if not changed:
         return
