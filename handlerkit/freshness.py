@@ -126,13 +126,15 @@ class Sources:
 
     def add(self, modules: Iterable[ModuleType | None]) -> None:
         """Watch the files of more modules, each run from a ``.py`` file (not ``__main__``: a
-        notebook's cells, or the script being run); a file watched already keeps what it ran."""
+        notebook's cells, or the script being run). A file watched already takes what these
+        modules ran: ``initialize`` loads the model file afresh when it changed (a module from
+        an earlier harness of the dir, watched when the service was built, is not what runs)."""
         for module in modules:
             if module is None or module.__name__ == "__main__":
                 continue
             stamp = stamp_of(module)
             if stamp is not None:  # (then its __file__ is a .py file)
-                self._ran.setdefault(module.__file__, stamp)  # type: ignore[arg-type]
+                self._ran[module.__file__] = stamp  # type: ignore[index]
 
     def renewed(self, modules: Iterable[ModuleType | None]) -> Sources:
         """Sources of ``modules`` and of the files watched here, each taken as it is now."""

@@ -54,7 +54,7 @@ from handlerkit._stack import user_stacklevel
 from handlerkit.async_worker import WorkerLoop, awaiting, is_async_config, refusing_coroutines, unawaited
 from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, HandlerLoadError
-from handlerkit.freshness import Sources, module_of
+from handlerkit.freshness import Sources, module_of, stale
 from handlerkit.isolation import dir_modules, model_dir_imports
 from handlerkit.loading import instantiate, require_handle, resolve_handler
 from handlerkit.workdir import Directories
@@ -64,9 +64,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Service", "WorkingDir", "class_bound", "is_base_handle"]
 
-#: Where the handler runs: ``"call"`` chdir into the model dir for each call and back after
-#: (a notebook), ``"process"`` chdir once, for good (a server's worker process), ``None`` leave
-#: the working directory alone.
+#: Where the handler runs: ``"call"`` chdir into the model dir for each call and back after (a
+#: notebook), ``"process"`` chdir once, for good (a server's worker), ``None`` leave it alone.
 WorkingDir = Literal["call", "process", None]
 _WORKING_DIRS = ("call", "process", None)
 
@@ -140,7 +139,8 @@ class Service:
             os.chdir(self._home)  # before the handler module is imported, as in the worker
         with self.running(max_age=0):  # a fresh look: the model dir's modules as they are on disk now
             self._load(handler if handler is not None else self._manifest_handler(), build)
-        self.sources = Sources([*dir_modules(self._home), self.module])  #: The files its code came from.
+        #: The files its code came from (not a module an earlier load left, changed since: initialize reloads it).
+        self.sources = Sources(m for m in [*dir_modules(self._home), self.module] if m is None or not stale(m))
         # TorchServe's worker takes the entry point before initialize runs (ts/model_loader.py).
         self._own_handle = vars(self.handler).get("handle") if hasattr(self.handler, "__dict__") else None
         self.envelope: Envelope | None = None

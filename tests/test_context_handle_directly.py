@@ -70,7 +70,10 @@ def test_handlerkits_handlers_bind_the_call_so_their_statuses_land(cnn5_dir, png
     assert [r.code for r in ctx.responses()] == [200, 400] and ctx.implicit_batch
     # The next direct call brings its own batch, of another size: bound anew.
     second = handler.handle([{"data": b""}, {"data": png}, {"data": png}], ctx)
-    assert second[0]["code"] == 400 and second[1] == second[2] == first[0]
+    assert second[0]["code"] == 400 and second[1] == second[2]
+    # The same image in a batch of one and of two: oneDNN may pick another convolution kernel for
+    # another batch size, so the scores agree to float32 rounding, not bit for bit.
+    assert second[1] == pytest.approx(first[0], rel=1e-6)
     assert [r.code for r in ctx.responses()] == [400, 200, 200]
 
     # A batch bound as the worker binds it is the one the handler answers, statuses and all.

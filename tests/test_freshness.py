@@ -115,8 +115,11 @@ def test_an_edit_to_model_py_alone_is_seen_on_opening_again(tmp_path, base):
     h = hk.Harness.open(model_dir)
     scores = [item["score"] for item in h.run(RANKED).output[0]]
     edit(model_dir / "model.py", "return scores.masked_fill", "return (2 * scores).masked_fill")
-    doubled = [item["score"] for item in hk.Harness.open(model_dir).run(RANKED).output[0]]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        doubled = [item["score"] for item in hk.Harness.open(model_dir).run(RANKED).output[0]]
     assert doubled == pytest.approx([2 * s for s in scores], abs=2e-4)
+    assert changed_warnings(record) == []  # the new harness runs the file as it is: nothing to tell
 
 
 @pytest.mark.torchserve
