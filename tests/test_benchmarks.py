@@ -217,3 +217,13 @@ def test_kserve_benchmark_judges_resnet18_and_tells_where_the_time_goes(capsys):
         "TorchServe batchSize 8, maxBatchDelay 10 ms; KServe: none" in out
         and "classifier: adapter/TorchServe throughput 0.50x" in out
     )
+
+
+def test_attribution_benchmark_times_each_variant_and_checks_the_request_named(tmp_path):
+    """The benchmark's failing batches name their request (0, then the last), or it raises."""
+    import attribution
+    from _new_users import ranker_dir
+
+    model_dir = str(ranker_dir(tmp_path / "recs", base="handlerkit"))
+    samples = attribution.measure(model_dir, size=4, rounds=2)
+    assert set(samples) == set(attribution.VARIANTS) and all(len(v) == 2 for v in samples.values())
