@@ -27,6 +27,7 @@ __all__ = [
     "TORCHSERVE_MISSING_FIX",
     "Sources",
     "Stamp",
+    "compiled_at",
     "exec_source",
     "failed_at",
     "import_failure",
@@ -235,13 +236,21 @@ def use_source_finder(directory: str) -> None:
 # When the code on disk does not load: where, and the fix
 
 
+def compiled_at(exc: BaseException) -> tuple[str, int, str] | None:
+    """``(file, line, source text)`` a ``SyntaxError`` names (its traceback is the compiler's
+    caller, not the file); None for any other exception."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        text = exc.text if exc.text is not None else linecache.getline(exc.filename, exc.lineno)
+        return exc.filename, exc.lineno, text.strip()
+    return None
+
+
 def failed_at(exc: BaseException, directory: str | None, file: str | None = None) -> tuple[str, int, str] | None:
     """``(file, line, source text)`` of where importing a model dir's file failed: a file that
     does not compile where its SyntaxError says, else the innermost frame of the traceback in
     ``directory`` (or in ``file``); None when none is there."""
-    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
-        text = exc.text if exc.text is not None else linecache.getline(exc.filename, exc.lineno)
-        return exc.filename, exc.lineno, text.strip()
+    if (compiled := compiled_at(exc)) is not None:
+        return compiled
     prefix = directory + os.sep if directory else None
     found = None
     tb = exc.__traceback__

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
+from handlerkit.freshness import compiled_at
+
 __all__ = ["cell_name", "defined_in_cell", "named", "raised_at", "raised_in", "refresh_sources", "shown_at"]
 
 #: ``(file, line, source text)``.
@@ -113,9 +115,8 @@ def raised_in(exc: BaseException, files: Iterable[str] = ()) -> list[Location]:
     library) inwards count, so a ``BaseHandler.handle`` calling a user's stage is not listed; a
     handler used as it is gives its innermost line. A ``SyntaxError`` is located where it says
     it is (its traceback is the compiler's caller)."""
-    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
-        text = exc.text if exc.text is not None else linecache.getline(exc.filename, exc.lineno)
-        return [(exc.filename, exc.lineno, text.strip())]
+    if (compiled := compiled_at(exc)) is not None:
+        return [compiled]
     handler_files = {os.path.abspath(f) for f in files}
     frames: list[tuple[str, int, bool]] = []  # (file, line, whether the user wrote it)
     tb: TracebackType | None = exc.__traceback__
