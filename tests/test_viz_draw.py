@@ -21,14 +21,23 @@ def card(title: str, size=(2.0, 1.0)) -> Panel:
 
 
 def test_panels_are_laid_out_three_a_row_and_the_figure_is_sized_by_them():
-    panels = [card(f"p{i}", size=(2.0 + i, 1.0 + i)) for i in range(5)]
+    panels = [card(f"p{i}", size=(1.6 + 0.8 * i, 1.0 + i)) for i in range(5)]
     fig = figure(panels, "five")
     cells = fig.subfigs  # a 2 x 3 grid, the last cell empty
     assert len(cells) == 2 * MAX_COLUMNS and fig.get_suptitle() == "five"
     assert [s.get_suptitle() for s in cells[:5]] == [f"p{i}" for i in range(5)] and cells[5].axes == []
-    widths = [5.0, 6.0, 4.0]  # the widest panel of each column: p3, p4, p2
+    widths = [4.0, 4.8, 3.2]  # the widest panel of each column: p3, p4, p2
     heights = [3.0, 5.0]  # the tallest of each row: p2, p4
     assert tuple(fig.get_size_inches()) == pytest.approx((sum(widths), sum(heights) + 0.35))  # + the title
+
+
+def test_a_figure_is_at_most_1200_pixels_wide_panels_shrinking_then_rows_holding_fewer():
+    """JupyterLab's output area shows a figure of at most 1200 px at 100 %."""
+    three = figure([card(f"p{i}", size=(4.8, 2.0)) for i in range(3)], "three")  # 14.4 in: shrunk to 12
+    assert three.get_size_inches()[0] * three.dpi == pytest.approx(1200) and len(three.subfigs) == 3
+    wide = figure([card(f"p{i}", size=(6.4, 2.0)) for i in range(3)], "wide")  # 19.2 in: two a row
+    assert wide.get_size_inches()[0] * wide.dpi <= 1200 and len(wide.subfigs) == 4
+    assert [s.get_suptitle() for s in wide.subfigs[:3]] == ["p0", "p1", "p2"] and wide.subfigs[3].axes == []
 
 
 def test_one_panel_without_a_title_is_the_figure_itself():
@@ -66,7 +75,11 @@ def test_a_small_heat_map_writes_each_value_legibly_on_its_colour():
     data = {"values": values, "shape": (2, 2), "labels": [["0", "1"], ["nan", "0.9"]], "ylabel": "request"}
     ax = figure([Panel("heatmap", "h", data)]).axes[0]
     assert [(t.get_text(), t.get_color()) for t in ax.texts] == [
-        ("0", "white"), ("1", "black"), ("nan", "white"), ("0.9", "black")]  # white on viridis' dark half
+        ("0", "white"),
+        ("1", "black"),
+        ("nan", "white"),
+        ("0.9", "black"),
+    ]  # white on viridis' dark half
     assert [t.get_position() for t in ax.texts][1] == (1, 0)  # (column, row)
     assert list(ax.get_xticks()) == [0, 1] and ax.get_ylabel() == "request"
 

@@ -11,17 +11,26 @@ chunks on a timeline, a sequence's steps as requests × steps; a summary card sa
 vocabulary (token tables). ``handler=`` overrides it; ``image=`` gives the input image for
 overlays when the object does not carry one.
 
+When some panels are HTML (a token table, a streamed run's chunk texts, ranked lists with their
+scores), ``show`` returns a :class:`~handlerkit.viz.shown.Shown` (the figure and the tables,
+displayed together; ``.figure`` is the Figure); when every panel is a picture, the ``Figure``.
+
+Your own pictures come first: ``hk.show.register(MyType_or_predicate, draw)`` or a
+``__handlerkit_show__(self, ctx)`` method on your type (``registry`` says what ``draw`` returns).
+
 ``show`` reads top-down through the package:
 
 1. ``handler_view``: what the pictures read from the handler (mean/std, labels, vocabulary);
-2. ``dispatch``: which picture fits the data (the one place that decides, with its table);
+2. ``registry``: the chain of pictures (yours first, each free to decline); ``dispatch``: the
+   built-in pictures in the chain's order, with their table;
 3. the panels, one module per kind: ``images`` (image grids, decoded image bytes, feature
    maps, heat maps with their values), ``bars`` (class scores, values, ``{label: score}``
    dicts), ``lines`` (signals), ``histogram``, ``overlays`` (masks and boxes on the input
    image), ``tokens`` (token tables), ``tables`` (JSON-like values), ``cards`` (text: a
    summary saying why there is no picture, a failed stage's error), ``chunks`` (a streamed
    run's chunk timeline), ``steps`` (``hk.Sequences``' per-step batches); ``panel`` holds what they share (``Panel``, the bounds);
-4. ``draw``: the panels as one matplotlib ``Figure``, displayed as PNG in Jupyter.
+4. ``draw``: the panels as one matplotlib ``Figure``, displayed as PNG in Jupyter; ``shown``:
+   the figure with the HTML panels.
 """
 
 from __future__ import annotations
@@ -36,15 +45,62 @@ from handlerkit.summaries import describe, summary
 __all__ = ["show", "summary"]
 
 
-def show(
+class Show:
+    """``hk.show``: call it to draw a value; ``hk.show.register`` adds a picture of your own."""
+
+    def __call__(
+        self,
+        obj: Any,
+        *,
+        handler: Any = None,
+        image: Any = None,
+        top_k: int = 5,
+        max_images: int = 16,
+        title: str | None = None,
+    ) -> Any:
+        """The picture of `obj` (see :func:`_show`)."""
+        return _show(obj, handler=handler, image=image, top_k=top_k, max_images=max_images, title=title)
+
+    @staticmethod
+    def register(when: Any, draw: Any = None) -> Any:
+        """Draw the values `when` (a type or a predicate) matches with ``draw(value, ctx)``,
+        before every built-in picture; ``with hk.show.register(...):`` scopes it. See
+        :func:`handlerkit.viz.registry.register`."""
+        from handlerkit.viz.registry import register
+
+        return register(when, draw)
+
+    @staticmethod
+    def unregister(draw: Any) -> int:
+        """Remove every registration of `draw`; the number removed."""
+        from handlerkit.viz.registry import unregister
+
+        return unregister(draw)
+
+    @staticmethod
+    def registered() -> list[Any]:
+        """Your registrations, in the order they are tried."""
+        from handlerkit.viz.registry import registered
+
+        return registered()
+
+    def __repr__(self) -> str:
+        return "<hk.show: show(obj) draws it; show.register(type_or_predicate, draw) adds a picture>"
+
+
+show = Show()
+
+
+def _show(
     obj: Any, *, handler: Any = None, image: Any = None, top_k: int = 5, max_images: int = 16, title: str | None = None
 ) -> Any:
-    """The picture of `obj`, as a matplotlib ``Figure``.
+    """The picture of `obj`: a matplotlib ``Figure``, or a ``Shown`` when some of it is HTML.
 
     Args:
         obj: a StageResult, a Run, ``hk.Sequences`` (or a list of its steps), or a stage
             value: a tensor (or numpy array), bytes, text, JSON-like data, or a list / dict of
             them. A value without a picture is drawn as its summary card, whose last line says why.
+            Your pictures (``show.register``, ``__handlerkit_show__``) are tried first.
         handler: the handler whose transforms, ``mapping`` and vocabulary the picture uses
             (default: ``obj.source``, the handler that produced it); a Harness works too.
         image: the input image batch ``[N, C, H, W]`` for segmentation and detection overlays
@@ -71,7 +127,9 @@ def show(
         title = f"Run of {obj.batch_size} request(s)" + (f": {obj.error.stage} failed" if obj.error else "")
     try:
         view = view_for(obj, handler)
-        fig = figure(panels_for(obj, view, image=image, top_k=top_k, max_images=max_images), title)
+        panels = panels_for(obj, view, image=image, top_k=top_k, max_images=max_images)
+        pictures = [p for p in panels if p.kind != "html"]
+        fig = figure(pictures, title) if pictures else None
     except HandlerkitError:
         raise
     except Exception as exc:  # a case we did not foresee: name what came, not torch's or matplotlib's frame
@@ -80,4 +138,11 @@ def show(
             fix="draw it yourself meanwhile (hk.summary(obj) gives its numbers), and report the case",
         ) from exc
     display_as_png()
-    return fig
+    if len(pictures) == len(panels):
+        return fig
+    from handlerkit.viz.shown import Shown
+
+    return Shown(fig, [p for p in panels if p.kind == "html"], title)
+
+
+Show.__call__.__doc__ = _show.__doc__  # hk.show? in Jupyter shows the whole story

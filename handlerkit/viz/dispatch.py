@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -63,23 +64,30 @@ from handlerkit.sequences import Sequences, Step
 from handlerkit.summaries import describe, no_values, tensor_head
 from handlerkit.viz.bars import bars_panel, dict_bars_panel, values_panel
 from handlerkit.viz.cards import card, error_card, summary_card
-from handlerkit.viz.chunks import timeline_panel
+from handlerkit.viz.chunks import chunk_panels
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.histogram import histogram_panel
 from handlerkit.viz.images import encoded_images_panel, features_panel, heatmap_panel, images_panel
 from handlerkit.viz.lines import MAX_LINES, lines_panel
 from handlerkit.viz.overlays import detections_panel, segmentation_panel
 from handlerkit.viz.panel import Context, Panel
+from handlerkit.viz.registry import Chain, user_panels
 from handlerkit.viz.steps import steps_panel
-from handlerkit.viz.tables import json_table_panel
+from handlerkit.viz.tables import json_table_panel, records_panel
 from handlerkit.viz.tokens import tokens_panel
 
-__all__ = ["MAX_ITEMS", "panels_for"]
+__all__ = ["MAX_ITEMS", "MAX_RUN_PANELS", "TENSORS", "VALUES", "panels_for", "tensor_panel", "value_panels"]
 
 MAX_ITEMS = 6  # panels for the items of a list or dict
+MAX_RUN_PANELS = 9  # panels of a Run (three rows of three)
 SIGNAL = 64  # the shortest row drawn as a line
 MAX_VALUES = 32  # the longest 1-d tensor drawn as one bar per value
 _DRAWN = "a tensor, an array, image bytes, text or JSON data"
+
+#: The built-in pictures of a value, ``(value, ctx, label) -> list[Panel] | None``, most specific first.
+VALUES = Chain("show's pictures of values")
+#: The built-in pictures of a tensor of 1 to 4 real dims, ``(x, ctx, title) -> Panel | None``.
+TENSORS = Chain("show's pictures of tensors")
 
 
 def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5, max_images: int = 16) -> list[Panel]:
@@ -96,82 +104,213 @@ def panels_for(obj: Any, view: HandlerView, *, image: Any = None, top_k: int = 5
         if obj.error is not None:
             return [error_card(obj)]
         label = f"{obj.stage} output"
-        panels = _value_panels(obj.output, context(_image_like(obj.input), obj.stage), label)
+        panels = value_panels(obj.output, context(_image_like(obj.input), obj.stage), label)
         return panels or [summary_card(label, obj.output, _why(obj.output))]
     if isinstance(obj, Run):
         return _run_panels(obj, context)
     if isinstance(obj, Sequences) or (isinstance(obj, list) and obj and all(isinstance(s, Step) for s in obj)):
         return [steps_panel(obj)]
-    return _value_panels(obj, context(None, None), "") or [summary_card(describe(obj), obj, _why(obj))]
+    return value_panels(obj, context(None, None), "") or [summary_card(describe(obj), obj, _why(obj))]
+
+
+def value_panels(value: Any, ctx: Context, label: str) -> list[Panel]:
+    """The panels of a value: the first answer of the user's pictures, then of ``VALUES``;
+    [] when none draws it."""
+    if ctx.depth > 4:
+        return []
+    if ctx.seen is not None and not _scalar(value) and not isinstance(value, (bytes, bytearray)):
+        if id(value) in ctx.seen:  # in a Run: an earlier stage's value passed on, drawn there
+            return []
+        ctx.seen[id(value)] = value  # kept alive, so its id is not reused by another value
+    return user_panels(value, ctx, label) or VALUES.first(value, ctx, label) or []
 
 
 def _run_panels(run: Run, context: Any) -> list[Panel]:
-    """A failed run's error first; the chunk timeline of a streamed run; then one panel per
-    stage (the first of each), the input image taken from preprocess."""
+    """A failed run's error first; the chunk timeline and texts of a streamed run; then every
+    panel of each stage (a tensor an earlier stage drew, the same object, is not drawn again),
+    the input image taken from preprocess."""
     pre = run.stages.get("preprocess")
     input_image = _image_like(pre.output) if pre is not None and pre.ok else None
     failed = next((r for r in run.stages.values() if r.error is not None and r.error is run.error), None)
     panels: list[Panel] = [error_card(failed)] if failed is not None else []
-    panels += [timeline_panel(run)] if run.chunks else []
+    panels += chunk_panels(run) if run.chunks else []
+    seen: dict[int, Any] = {}
     for name, result in run.stages.items():
         if result is failed:
             continue
         if result.error is not None:
             panels.append(error_card(result))
         elif name != "initialize":
-            drawn = _value_panels(result.output, context(input_image, name), f"{name} output")[:1]
-            if name == "postprocess" and drawn and drawn[0].kind == "bars" and any(p.kind == "bars" for p in panels):
-                continue  # the classifier's probabilities again, as dicts
+            ctx = context(input_image, name)
+            ctx.seen = seen
+            drawn = value_panels(result.output, ctx, f"{name} output")
+            if run.chunks and name != "preprocess":
+                drawn = [p for p in drawn if p.kind != "table"]  # the texts are in the chunks' table
+            if name == "postprocess" and any(p.kind == "bars" for p in panels):
+                drawn = [p for p in drawn if p.kind != "bars"]  # the classifier's probabilities again, as dicts
             panels += drawn
     if not panels:  # (a streamed run has its timeline)
         lines = [f"{name}: {describe(r.output)}" for name, r in run.stages.items()]
         lines.append(f"No picture: no stage returned {_DRAWN}.")
         panels = [card(f"Run of {run.batch_size} request(s): nothing to draw", lines)]
-    return panels[:MAX_ITEMS]
+    if len(panels) > MAX_RUN_PANELS:
+        left = panels[MAX_RUN_PANELS - 1 :]
+        panels = panels[: MAX_RUN_PANELS - 1]
+        panels.append(
+            card(f"{len(left)} more panels", [p.title for p in left] + ["hk.show(run.stages[name]) draws a stage's"])
+        )
+    return panels
 
 
-def _value_panels(value: Any, ctx: Context, label: str, depth: int = 0) -> list[Panel]:
-    """The panels of a stage value; [] when it holds nothing to draw."""
-    value = _from_numpy(value)
-    if isinstance(value, (list, tuple)):
-        value = _numbers_to_tensor(value)
-    if isinstance(value, torch.Tensor):
-        return [_tensor_panel(value, ctx, label)]
-    titled = f"{label}: {describe(value)}" if label else describe(value)
-    if _encoded(value):
-        items = [value] if _is_bytes(value) else list(value)
-        return [encoded_images_panel(items, ctx, titled)]
+# ---------------------------------------------------------------------------------------------
+# The built-in pictures of values, most specific first
+# ---------------------------------------------------------------------------------------------
+
+
+def _numpy_array(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    """A numeric numpy array, as the tensor it is."""
+    converted = _from_numpy(value)
+    return None if converted is value else value_panels(converted, ctx, label)
+
+
+def _numbers(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    """A regular (nested) list of numbers, as a tensor."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    converted = _numbers_to_tensor(value)
+    return None if converted is value else value_panels(converted, ctx, label)
+
+
+def _tensor(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    return [tensor_panel(value, ctx, label)]
+
+
+def _encoded_images(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    if not _encoded(value):
+        return None
+    items = [value] if _is_bytes(value) else list(value)
+    return [encoded_images_panel(items, ctx, _titled(label, value))]
+
+
+def _embedding_bag_tokens(value: Any, ctx: Context, label: str) -> list[Panel] | None:
     bag = _embedding_bag(value)
-    if bag is not None:
-        return [tokens_panel(bag[0], ctx, f"{label}: tokens" if label else "tokens", offsets=bag[1])]
-    if isinstance(value, str):
-        return [json_table_panel(value, titled)] if value else []
+    if bag is None:
+        return None
+    return [tokens_panel(bag[0], ctx, f"{label}: tokens" if label else "tokens", offsets=bag[1])]
+
+
+def _text(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    if not isinstance(value, str):
+        return None
+    return [json_table_panel(value, _titled(label, value))] if value else []
+
+
+def _failed_requests(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    """Answers where some requests failed (``{"code", "error", "fix"}`` items): the others'
+    picture, then a card per failed request with its error and fix."""
+    if not isinstance(value, (list, tuple)) or not any(_is_error_item(v) for v in value):
+        return None
+    good = [v for v in value if not _is_error_item(v)]
+    which = [i for i, v in enumerate(value) if not _is_error_item(v)]
+    panels = value_panels(good, ctx, f"{label} of requests {which}" if label else f"requests {which}") if good else []
+    for i, item in enumerate(value):
+        if _is_error_item(item):
+            code = f" ({item['code']})" if item.get("code") is not None else ""
+            lines = [f"error: {item.get('error')}", f"fix: {item.get('fix')}"]
+            lines += [f"{k}: {v}" for k, v in item.items() if k not in ("code", "error", "fix")]
+            panels.append(
+                card(f"{label}[{i}]: request {i} failed{code}" if label else f"request {i} failed{code}", lines)
+            )
+    return panels
+
+
+def _detections(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    title = f"{label}: detections" if label else "detections"
+    if isinstance(value, dict) and _is_detection(value):
+        return [detections_panel([value], ctx, title)]
+    if isinstance(value, (list, tuple)) and value:
+        if all(isinstance(v, dict) and _is_detection(v) for v in value) or _is_ts_detection(value):
+            return [detections_panel(list(value), ctx, title)]
+    return None
+
+
+def _score_dicts(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    if isinstance(value, dict) and _is_score_dict(value):
+        return [dict_bars_panel([value], ctx, label or "scores")]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and _is_score_dict(v) for v in value):
+        return [dict_bars_panel(list(value), ctx, label or "scores")]
+    return None
+
+
+def _image_list(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    """A list of same-sized images, as one batch."""
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and _image_like(value) is not None
+        and len({tuple(v.shape) for v in value[: ctx.max_images]}) == 1
+    ):
+        return [tensor_panel(torch.stack(list(value[: ctx.max_images])), ctx, label)]
+    return None
+
+
+def _ranked_lists(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    """Per request, a (ragged) list of flat records (a ranker's ``[{"item_id", "score"}]``): an
+    HTML table, a row per record."""
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, (list, tuple)) for v in value):
+        return None
+    records = [r for v in value for r in v]
+    if not records or not all(isinstance(r, dict) and r and all(_scalar(x) for x in r.values()) for r in records):
+        return None
+    return [records_panel(list(value), _titled(label, value))]
+
+
+def _json(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    if isinstance(value, (dict, list, tuple)) and value and _json_like(value):
+        return [json_table_panel(value, _titled(label, value))]
+    return None
+
+
+def _items(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+    """A list, tuple, NamedTuple or dict of other things: each item's pictures (the first
+    ``MAX_ITEMS`` items)."""
     if isinstance(value, dict):
-        if _is_detection(value):
-            return [detections_panel([value], ctx, f"{label}: detections" if label else "detections")]
-        if _is_score_dict(value):
-            return [dict_bars_panel([value], ctx, label or "scores")]
-        if value and _json_like(value):
-            return [json_table_panel(value, titled)]
         items = list(value.items())
     elif isinstance(value, (list, tuple)) and value:
-        if all(isinstance(v, dict) and _is_detection(v) for v in value) or _is_ts_detection(value):
-            return [detections_panel(list(value), ctx, f"{label}: detections" if label else "detections")]
-        if all(isinstance(v, dict) and _is_score_dict(v) for v in value):
-            return [dict_bars_panel(list(value), ctx, label or "scores")]
-        if _image_like(value) is not None and len({tuple(v.shape) for v in value[: ctx.max_images]}) == 1:
-            return [_tensor_panel(torch.stack(list(value[: ctx.max_images])), ctx, label)]
-        if _json_like(value):
-            return [json_table_panel(value, titled)]
         fields = getattr(value, "_fields", None)  # a NamedTuple: its field names
         items = list(zip(fields, value)) if fields else list(enumerate(value))
     else:
-        return []
-    panels = []
-    for key, item in items[:MAX_ITEMS] if depth < 4 else ():
+        return None
+    inner = replace(ctx, depth=ctx.depth + 1)
+    panels: list[Panel] = []
+    for key, item in items[:MAX_ITEMS]:
         path = f"[{key!r}]" if isinstance(value, dict) else f".{key}" if isinstance(key, str) else f"[{key}]"
-        panels += _value_panels(item, ctx, f"{label}{path}", depth + 1)[:1]
+        panels += value_panels(item, inner, f"{label}{path}")
     return panels
+
+
+for _draw in (
+    _numpy_array,
+    _numbers,
+    _tensor,
+    _encoded_images,
+    _embedding_bag_tokens,
+    _text,
+    _failed_requests,
+    _detections,
+    _score_dicts,
+    _image_list,
+    _ranked_lists,
+    _json,
+    _items,
+):
+    VALUES.add(_draw, name=_draw.__name__.lstrip("_"))
+
+
+def _titled(label: str, value: Any) -> str:
+    return f"{label}: {describe(value)}" if label else describe(value)
 
 
 def _why(value: Any) -> str:
@@ -187,9 +326,14 @@ def _why(value: Any) -> str:
     return f"a value of type {type(value).__name__} is not {_DRAWN}"
 
 
-def _tensor_panel(x: torch.Tensor, ctx: Context, label: str) -> Panel:
+# ---------------------------------------------------------------------------------------------
+# Tensors: made drawable, then the built-in pictures of tensors, most specific first
+# ---------------------------------------------------------------------------------------------
+
+
+def tensor_panel(x: torch.Tensor, ctx: Context, label: str) -> Panel:
     """The panel for one tensor: a card when it holds no values to draw, else `x` made a
-    strided real tensor of at most 4 dims and handed to :func:`_pick`."""
+    strided real tensor of at most 4 dims and handed to the first of ``TENSORS`` that draws it."""
     title = f"{label}: {tensor_head(x)}" if label else tensor_head(x)
     # The card's statistics are computed only for a card: a picture must not reduce a huge tensor.
     if x.is_nested:
@@ -222,65 +366,162 @@ def _tensor_panel(x: torch.Tensor, ctx: Context, label: str) -> Panel:
 
 
 def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
-    """The picture for a tensor of 1 to 4 dims (the table in the module docstring)."""
-    view, dims = ctx.view, x.dim()
-    width = len(view.mapping) if view.mapping else None
-    if dims == 3 and x.is_floating_point() and width and width >= 2 and x.shape[-1] == width and ctx.model_output:
+    """The first answer of ``TENSORS`` for a tensor of 1 to 4 dims (the last always answers)."""
+    panel = TENSORS.first(x, ctx, title)
+    if panel is None:  # pragma: no cover - the chain's last picture draws every 1-d tensor
+        return summary_card(title, x, "no picture in the chain drew it")
+    return panel
+
+
+def _width(ctx: Context) -> int | None:
+    return len(ctx.view.mapping) if ctx.view.mapping else None
+
+
+def _class_scores_per_position(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    width = _width(ctx)
+    if x.dim() == 3 and x.is_floating_point() and width and width >= 2 and x.shape[-1] == width and ctx.model_output:
         return _scores_per_position(x, ctx, title)
-    if dims >= 3 and not _image_sized(x.shape[-2], x.shape[-1]):
-        return _rows(x, ctx, title)
-    if x.dtype == torch.bool:
-        if dims == 3 or (dims == 4 and x.shape[1] == 1):
-            return segmentation_panel(x.reshape(-1, *x.shape[-2:]), ctx, f"{title}: masks")
-        if dims == 4:
-            return segmentation_panel(x, ctx, f"{title}: masks")
-        return histogram_panel(x, title)
-    if x.dtype == torch.uint8 and dims in (3, 4) and x.shape[-3] in (1, 3):
-        return images_panel(x if dims == 4 else x.unsqueeze(0), ctx, title)
-    if x.dtype == torch.uint8 and dims == 2 and view.lookup is None:  # a grey image, not token ids
-        return heatmap_panel(x, title)
-    if not x.is_floating_point():
-        if dims == 3 or (dims == 4 and x.shape[1] == 1):
-            return segmentation_panel(x.reshape(-1, *x.shape[-2:]), ctx, f"{title}: segmentation")
-        head = x[:64, :4096] if dims == 2 else x
-        if dims == 2 and bool(((head == 0) | (head == 1)).all()):  # an attention mask, not token ids
-            return heatmap_panel(x, f"{title}: 0/1")
-        if dims == 2 and (view.lookup is not None or (x.shape[0] <= 64 and x.shape[1] <= 4096)):
-            return tokens_panel(x, ctx, f"{title}: tokens")
-        if dims == 1 and view.lookup is not None:
-            return tokens_panel(x.unsqueeze(0), ctx, f"{title}: tokens")
-        return histogram_panel(x, title)
+    return None
+
+
+def _rows_of_leading_dims(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    return _rows(x, ctx, title) if x.dim() >= 3 and not _image_sized(x.shape[-2], x.shape[-1]) else None
+
+
+def _bool_masks(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    """Booleans: masks over the input image (3-d, 4-d), a grid of the values (2-d: an attention
+    or padding mask, a row per request), two bars of counts (1-d)."""
+    if x.dtype != torch.bool:
+        return None
+    dims = x.dim()
+    if dims == 3 or (dims == 4 and x.shape[1] == 1):
+        return segmentation_panel(x.reshape(-1, *x.shape[-2:]), ctx, f"{title}: masks")
     if dims == 4:
-        channels = x.shape[1]
-        same_size = ctx.image is not None and _spatial(ctx.image) == tuple(x.shape[-2:])
-        if channels >= 2 and (
-            (width == channels and (ctx.image is not None or channels not in (1, 3)))
-            or (channels not in (1, 3) and same_size)
-        ):
-            return segmentation_panel(x, ctx, f"{title}: segmentation (argmax)")
-        if channels in (1, 3):
-            return images_panel(x, ctx, title)
-        panel = features_panel(x[0], ctx, f"{title}: feature maps")
-        if x.shape[0] > 1:
-            panel.notes.insert(0, f"sample 0 of {x.shape[0]}")
-        return panel
-    if dims == 3:
-        if x.shape[0] in (1, 3):
-            return images_panel(x.unsqueeze(0), ctx, title)
-        return features_panel(x, ctx, f"{title}: channels")
+        return segmentation_panel(x, ctx, f"{title}: masks")
     if dims == 2:
-        rows, k = x.shape
-        if k >= 2 and k == width and ctx.model_output:
-            return bars_panel(x, ctx, f"{title}: top {min(ctx.top_k, k)}")
-        if rows <= MAX_LINES and k >= SIGNAL:
-            return lines_panel(x, f"{title}: signals" if rows > 1 else f"{title}: signal")
+        return heatmap_panel(x.to(torch.uint8), f"{title}: mask (1 = True)")
+    return histogram_panel(x, title)
+
+
+def _uint8_images(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    if x.dtype == torch.uint8 and x.dim() in (3, 4) and x.shape[-3] in (1, 3):
+        return images_panel(x if x.dim() == 4 else x.unsqueeze(0), ctx, title)
+    return None
+
+
+def _grey_uint8(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    if x.dtype == torch.uint8 and x.dim() == 2 and ctx.view.lookup is None:  # a grey image, not token ids
         return heatmap_panel(x, title)
-    n = x.shape[0]
-    if n >= 2 and n == width and ctx.model_output:
-        return bars_panel(x.unsqueeze(0), ctx, f"{title}: top {min(ctx.top_k, n)}")
-    if n <= MAX_VALUES:
-        return values_panel(x, f"{title}: values")
-    return lines_panel(x.unsqueeze(0), f"{title}: signal")
+    return None
+
+
+def _class_maps(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    """Integers ``[N, H, W]`` (or ``[N, 1, H, W]``): a class per pixel."""
+    if not x.is_floating_point() and (x.dim() == 3 or (x.dim() == 4 and x.shape[1] == 1)):
+        return segmentation_panel(x.reshape(-1, *x.shape[-2:]), ctx, f"{title}: segmentation")
+    return None
+
+
+def _zero_one(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    if x.is_floating_point() or x.dim() != 2:
+        return None
+    head = x[:64, :4096]
+    return heatmap_panel(x, f"{title}: 0/1") if bool(((head == 0) | (head == 1)).all()) else None  # an attention mask
+
+
+def _token_ids(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    if x.is_floating_point():
+        return None
+    if x.dim() == 2 and (ctx.view.lookup is not None or (x.shape[0] <= 64 and x.shape[1] <= 4096)):
+        return tokens_panel(x, ctx, f"{title}: tokens")
+    if x.dim() == 1 and ctx.view.lookup is not None:
+        return tokens_panel(x.unsqueeze(0), ctx, f"{title}: tokens")
+    return None
+
+
+def _integer_histogram(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    return None if x.is_floating_point() else histogram_panel(x, title)
+
+
+def _segmentation_scores(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    """``[N, K, H, W]`` scores, K the mapping's width or H, W the input image's: argmax per pixel."""
+    if x.dim() != 4:
+        return None
+    channels, width = x.shape[1], _width(ctx)
+    same_size = ctx.image is not None and _spatial(ctx.image) == tuple(x.shape[-2:])
+    if channels >= 2 and (
+        (width == channels and (ctx.image is not None or channels not in (1, 3)))
+        or (channels not in (1, 3) and same_size)
+    ):
+        return segmentation_panel(x, ctx, f"{title}: segmentation (argmax)")
+    return None
+
+
+def _image_grid(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    if x.dim() == 4 and x.shape[1] in (1, 3):
+        return images_panel(x, ctx, title)
+    if x.dim() == 3 and x.shape[0] in (1, 3):
+        return images_panel(x.unsqueeze(0), ctx, title)
+    return None
+
+
+def _feature_maps(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    if x.dim() == 3:
+        return features_panel(x, ctx, f"{title}: channels")
+    if x.dim() != 4:
+        return None
+    panel = features_panel(x[0], ctx, f"{title}: feature maps")
+    if x.shape[0] > 1:
+        panel.notes.insert(0, f"sample 0 of {x.shape[0]}")
+    return panel
+
+
+def _class_bars(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    """A model's scores over the mapping's classes, ``[N, K]`` or ``[K]``: top-k bars."""
+    k, width = x.shape[-1], _width(ctx)
+    if x.dim() <= 2 and k >= 2 and k == width and ctx.model_output:
+        return bars_panel(x if x.dim() == 2 else x.unsqueeze(0), ctx, f"{title}: top {min(ctx.top_k, k)}")
+    return None
+
+
+def _signals(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    if x.dim() == 2 and x.shape[0] <= MAX_LINES and x.shape[1] >= SIGNAL:
+        return lines_panel(x, f"{title}: signals" if x.shape[0] > 1 else f"{title}: signal")
+    return None
+
+
+def _heatmap(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    return heatmap_panel(x, title) if x.dim() == 2 else None
+
+
+def _values(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    return values_panel(x, f"{title}: values") if x.dim() == 1 and x.shape[0] <= MAX_VALUES else None
+
+
+def _signal(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    return lines_panel(x.reshape(1, -1), f"{title}: signal")
+
+
+for _tensor_draw in (
+    _class_scores_per_position,
+    _rows_of_leading_dims,
+    _bool_masks,
+    _uint8_images,
+    _grey_uint8,
+    _class_maps,
+    _zero_one,
+    _token_ids,
+    _integer_histogram,
+    _segmentation_scores,
+    _image_grid,
+    _feature_maps,
+    _class_bars,
+    _signals,
+    _heatmap,
+    _values,
+    _signal,
+):
+    TENSORS.add(_tensor_draw, name=_tensor_draw.__name__.lstrip("_"))
 
 
 def _scores_per_position(x: torch.Tensor, ctx: Context, title: str) -> Panel:
@@ -403,6 +644,15 @@ def _embedding_bag(value: Any) -> tuple[Any, Any] | None:
     if ids is None or offsets is None or not ints_1d(offsets) or offsets.is_meta or ids.is_meta:
         return None
     return ids, offsets
+
+
+def _is_error_item(v: Any) -> bool:
+    """A failed request's answer (``error_item``): a dict with ``error`` and ``fix``."""
+    return isinstance(v, dict) and "error" in v and "fix" in v
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, numbers.Number)) and not isinstance(v, complex)
 
 
 def _is_detection(d: dict) -> bool:

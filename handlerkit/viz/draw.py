@@ -30,6 +30,9 @@ STYLE: dict[str, Any] = {
     "image.interpolation": "antialiased",
 }
 MAX_COLUMNS = 3
+#: The widest figure, in inches at matplotlib's 100 dpi: JupyterLab's output area at 100 %.
+MAX_WIDTH = 12.0
+_SMALLEST = 0.75  # panels shrink to this share of their size before a row loses a column
 
 
 def _t(text: str) -> str:
@@ -42,17 +45,18 @@ def _wrap(text: str, width: int) -> str:
 
 
 def figure(panels: Sequence[Panel], title: str | None = None) -> Any:
-    """One figure holding `panels`, at most three a row, under `title`."""
+    """One figure holding `panels`, at most three a row, under `title`, at most ``MAX_WIDTH``
+    inches wide (panels shrink a little, then a row holds fewer)."""
     import matplotlib
     from matplotlib.figure import Figure
 
-    columns = min(len(panels), MAX_COLUMNS)
+    columns, scale = _layout(panels)
     rows = [list(panels[i : i + columns]) for i in range(0, len(panels), columns)]
-    widths = [max(row[c].size[0] for row in rows if c < len(row)) for c in range(columns)]
-    heights = [max(p.size[1] for p in row) for row in rows]
+    widths = [max(row[c].size[0] for row in rows if c < len(row)) * scale for c in range(columns)]
+    heights = [max(p.size[1] for p in row) for row in rows]  # text keeps its size: heights do not shrink
     extra = 0.35 if title else 0.0
     with matplotlib.rc_context(STYLE):  # type: ignore[arg-type]  # matplotlib's stubs list the keys as Literals
-        fig = Figure(figsize=(sum(widths), sum(heights) + extra), layout="constrained")
+        fig = Figure(figsize=(sum(widths), sum(heights) + extra), layout="constrained", dpi=100)
         if title:
             fig.suptitle(_t(_wrap(title, 30 * columns + 20)), fontsize=10, fontweight="bold")
         if len(panels) == 1 and not title:
@@ -64,6 +68,17 @@ def figure(panels: Sequence[Panel], title: str | None = None) -> Any:
                     if c < len(row):
                         _draw(row[c], subfigs[r][c])
     return fig
+
+
+def _layout(panels: Sequence[Panel]) -> tuple[int, float]:
+    """Columns and a scale so that the widest row fits ``MAX_WIDTH``."""
+    columns = max(1, min(len(panels), MAX_COLUMNS))
+    while True:
+        widths = [max(p.size[0] for p in panels[c::columns]) for c in range(columns)]
+        scale = min(1.0, MAX_WIDTH / sum(widths))
+        if scale >= _SMALLEST or columns == 1:
+            return columns, scale
+        columns -= 1
 
 
 def _draw(panel: Panel, where: Any) -> None:
@@ -205,6 +220,7 @@ def _timeline(data: dict[str, Any], where: Any) -> None:
     for y, row in enumerate(rows):
         if row["first_ms"] is not None:
             ax.barh(y, row["first_ms"], height=0.5, color="#c6dbef", gid="ttfc")
+        if row.get("first_text", True) and row["first_ms"] is not None:
             ax.text(row["first_ms"], y - 0.3, f" {row['first_ms']:.1f} ms", fontsize=6, va="bottom", color="#08519c")
         if row["chunks"]:
             ax.scatter(row["chunks"], [y] * len(row["chunks"]), marker="|", s=80, color="#1f77b4", gid="chunks")
@@ -257,7 +273,13 @@ def _steps(data: dict[str, Any], where: Any) -> None:
         ax.spines[side].set_visible(False)
 
 
+def _axes(data: dict[str, Any], where: Any) -> None:
+    """A user's picture: its function drawn on an Axes of its own."""
+    data["draw"](where.add_subplot())
+
+
 _KINDS = {
+    "axes": _axes,
     "card": _card,
     "images": _image,
     "overlay": _image,

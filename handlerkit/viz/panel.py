@@ -31,6 +31,16 @@ class Context:
     max_images: int = 16
     image: Any = None  # the input image batch ([N, C, H, W] or a list of [C, H, W]) for overlays
     stage: str | None = None  # the stage that produced the value; None for a value given alone
+    label: str = ""  # what the value is ("preprocess output['mask']"), for a user's picture
+    depth: int = 0  # levels of lists and dicts above the value
+    seen: dict[int, Any] | None = field(default=None, repr=False)  # the values a Run drew already, by id
+
+    def draw(self, value: Any, label: str | None = None) -> list[Panel]:
+        """The built-in pictures of `value` (a user's picture delegating: ``ctx.draw(self.ids)``)."""
+        from handlerkit.viz.dispatch import value_panels
+
+        label = self.label if label is None else label
+        return value_panels(value, self, label) or []
 
     @property
     def model_output(self) -> bool:
@@ -43,7 +53,7 @@ class Context:
 class Panel:
     """One picture: a kind ``draw`` knows, its title, notes and bounded data."""
 
-    kind: str  # card, images, features, heatmap, histogram, bars, lines, overlay, table, timeline
+    kind: str  # card, images, features, heatmap, histogram, bars, lines, overlay, table, timeline, axes, html
     title: str
     data: dict[str, Any]
     notes: list[str] = field(default_factory=list)

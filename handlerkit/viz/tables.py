@@ -13,9 +13,11 @@ from typing import Any
 
 from handlerkit.viz.panel import Panel
 
-__all__ = ["MAX_COLUMNS", "MAX_ROWS", "cell_text", "json_table_panel"]
+__all__ = ["MAX_COLUMNS", "MAX_RECORDS", "MAX_ROWS", "cell_text", "json_table_panel", "records_panel"]
 
 MAX_ROWS, MAX_COLUMNS = 12, 6
+MAX_RECORDS = 200  # rows of an HTML table of records
+_KEPT = ("error", "fix")  # a failed request's keys: never the ones left out
 LINE = 72  # characters in a row, shared by its cells
 _DEPTH = 3  # levels of a nested cell value spelled out
 
@@ -29,7 +31,10 @@ def json_table_panel(value: Any, title: str) -> Panel:
         keys: dict[Any, None] = {}
         for r in rows:
             keys.update(dict.fromkeys(r))
-        columns, count, what = list(keys)[:MAX_COLUMNS], len(keys), "keys"
+        kept = [k for k in keys if k in _KEPT]
+        columns = [k for k in keys if k not in _KEPT][: MAX_COLUMNS - len(kept)]
+        columns = [k for k in keys if k in columns or k in kept]  # in order of first appearance
+        count, what = len(keys), "keys"
         names = [str(k) for k in columns]
     elif rows and all(isinstance(r, (list, tuple)) for r in rows):
         count = max(len(r) for r in rows)
@@ -63,6 +68,29 @@ def json_table_panel(value: Any, title: str) -> Panel:
         notes,
         size=(6.4, 1.1 + 0.3 * len(cells)),
     )
+
+
+def records_panel(lists: list[Any], title: str) -> Panel:
+    """Per request, a (ragged) list of flat records (a ranker's ``[{"item_id": 3, "score":
+    0.41}, ...]``) as an HTML table, a row per record: its request, its rank, then its keys,
+    every value whole (the first ``MAX_RECORDS`` rows)."""
+    from handlerkit._text import render_html
+    from handlerkit.viz.registry import html_panel
+
+    keys: dict[Any, None] = {}
+    for records in lists:
+        for r in records:
+            keys.update(dict.fromkeys(r))
+    rows = [
+        [f"[{i}]", rank, *(r.get(k) for k in keys)] for i, records in enumerate(lists) for rank, r in enumerate(records)
+    ]
+    total = len(rows)
+    body = render_html(["request", "#", *map(str, keys)], rows[:MAX_RECORDS])
+    panel = html_panel(title, body)
+    panel.notes = [f"lengths {[len(v) for v in lists]}"]
+    if total > MAX_RECORDS:
+        panel.notes.append(f"first {MAX_RECORDS} of {total} rows")
+    return panel
 
 
 def cell_text(value: Any, width: int) -> str:
