@@ -1,52 +1,79 @@
-"""Which picture fits which data: the one place ``hk.show`` decides.
+"""The built-in pictures, in the order ``hk.show`` tries them: the chain's table.
 
-The picture follows what the data is, not which handler made it. Everything below only
-recognises what came and hands it to a panel module (``images``, ``bars``, ``lines``,
-``histogram``, ``overlays``, ``tokens``, ``tables``, ``cards``); the panels build the bounded
-data, ``draw`` draws it. To change which picture a value gets, change this module alone.
+The picture follows what the data is, not which handler made it. Each picture is a function
+that recognises what came and hands it to a panel module (``images``, ``bars``, ``lines``,
+``histogram``, ``overlays``, ``tokens``, ``tables``, ``cards``), or declines (returns None); the
+panels build the bounded data, ``draw`` draws it. ``registry`` tries the user's pictures
+(``hk.show.register``, ``__handlerkit_show__``) first, then ``VALUES`` here, in this order; the
+``tensor`` picture makes a tensor drawable (5-d and more: its first 4-d slice; int16 as
+floats; complex as ``|x|``) and tries ``TENSORS``. To add a built-in picture, add it to a chain
+here, before the first picture it must precede: ``TENSORS.add(spectrogram_panel,
+before="image_grid")``, and give it a row below.
 
-How the picture is chosen, for a tensor (5-d and more: its first 4-d slice). *Image-sized*:
-the last two dims both at least 4 and neither more than 32 times the other. A *model output*
-is the value of any stage but preprocess (the model's input is never labelled with its
-classes); a value given alone may be one, labelled only from the ``handler=`` its caller chose.
+``VALUES``, ``(value, ctx, label) -> list[Panel] | None``:
 
-=========================================  ===================================================
-``[N, 1|3, H, W]`` image-sized floats or   an image grid, de-normalised (``[1|3, H, W]`` too)
-uint8
-``[N, C, H, W]`` image-sized floats,       a segmentation (argmax per pixel over the input
-other C                                    image) when C is the mapping's width or H, W the
-                                           input image's; else sample 0's channels as
-                                           feature maps (``[C, H, W]`` likewise)
-``[N, H, W]`` image-sized integers or      a segmentation mask over the input image
-booleans
-``[N, L, K]`` floats, a model output with  class scores per position (a tagger's): a heat
-K the mapping's width                      map, a row per ``[n, l]``, a column per class
-3-d and 4-d, not image-sized               a row per leading index (``[N, 1, T]`` audio:
-                                           ``[N, T]``), then as 2-d
-``[N, K]`` floats, a model output with K   top-k bars per row labelled from the mapping
-the mapping's width                        (softmax of logits)
-``[N, T]`` floats, N ≤ 8, T ≥ 64           signals: a line per row
-other ``[N, F]`` floats, 0/1 integers      a heat map, each value written in when it is at
-                                           most 24 × 12 (a feature table)
-``[N, L]`` integers                        a table of vocabulary entries (ids without one)
-``[K]`` floats                             a model output of the mapping's width: bars;
-                                           else ≤ 32 values one bar each, more a line
-``[N]`` integers                           a token table with a vocabulary, else a histogram
-empty, 0-d, meta or fake tensors           a summary card saying why there is no picture
-=========================================  ===================================================
+========================  ========================================================================
+``numpy_array``           a numeric numpy array: as the tensor it is
+``numbers``               a regular (nested) list of numbers: as a tensor
+``tensor``                a tensor: the first of ``TENSORS`` that draws it (table below)
+``encoded_images``        bytes PIL decodes as an image (or a list of them): those images
+``embedding_bag_tokens``  EmbeddingBag input (ids + offsets, a dict or NamedTuple): a token table
+``text``                  a string: a table of one row
+``failed_requests``       answers where some are ``{"code", "error", "fix"}`` items: the others'
+                          picture, then a card per failed request with its error and fix
+``detections``            torchvision detections (``{"boxes", "labels", "scores"}``) or TorchServe's
+                          detector output: boxes on the input image
+``score_dicts``           ``{label: probability}`` dicts: top-k bars
+``image_list``            a list of same-sized ``[1|3, H, W]`` images: one batch
+``ranked_lists``          per request, a (ragged) list of flat dicts (``[{"item_id", "score"}]``): an
+                          HTML table, a row per record, every value whole
+``json``                  other JSON-like values (what a postprocess answers): a table
+``items``                 other lists, tuples, NamedTuples and dicts: each item's pictures (six at
+                          most), named by its path
+========================  ========================================================================
 
-int16 tensors are PCM samples (audio's format), drawn as floats; token ids are int32/int64.
-Other values: numpy arrays and regular lists of numbers as tensors; bytes PIL decodes as an
-image (or a list of them) as those images; torchvision detections (``[{"boxes", "labels",
-"scores"}]``) or TorchServe's detector output as boxes on the input image; ``{label:
-probability}`` dicts as bars; EmbeddingBag input (ids + offsets) as a token table; a list of
-same-sized images as one batch; JSON-like values (strings, lists of dicts, ragged lists: what a
-postprocess answers) as a table; other lists and dicts one panel per item (at most six). A Run
-shows its error first when it failed (``error``), its chunk timeline when it streamed
-(``chunks``), then one panel per stage; a failed stage shows its error and fix, and so does a
-``StageError`` (saying where the harness keeps the input the stage failed on). ``hk.Sequences``
-(or a list of its steps) shows its per-step batches, requests × steps. Anything else is a
-summary card whose last line says why there is no picture.
+``TENSORS``, ``(x, ctx, title) -> Panel | None`` for 1 to 4 real dims. *Image-sized*: the last
+two dims both at least 4 and neither more than 32 times the other. A *model output* is the
+value of any stage but preprocess (the model's input is never labelled with its classes); a
+value given alone may be one, labelled only from the ``handler=`` its caller chose.
+
+=============================  ===================================================================
+``class_scores_per_position``  ``[N, L, K]`` floats, a model output with K the mapping's width (a
+                               tagger's): a heat map, a row per ``[n, l]``, a column per class
+``rows_of_leading_dims``       3-d and 4-d, not image-sized: a row per leading index (``[N, 1,
+                               T]`` audio: ``[N, T]``), then as 2-d
+``bool_masks``                 booleans: ``[N, H, W]``, ``[N, K, H, W]`` masks over the input
+                               image; ``[N, L]`` a grid of the values; ``[N]`` two bars of counts
+``uint8_images``               ``[N, 1|3, H, W]`` or ``[1|3, H, W]`` uint8: an image grid
+``grey_uint8``                 ``[H, W]`` uint8 without a vocabulary: a heat map (a grey image)
+``class_maps``                 ``[N, H, W]`` (or ``[N, 1, H, W]``) integers: a segmentation mask
+                               over the input image
+``zero_one``                   ``[N, L]`` integers of 0 and 1 (an attention mask): a heat map
+``token_ids``                  ``[N, L]`` integers (with a vocabulary, or ≤ 64 × 4096), ``[L]``
+                               with a vocabulary: a table of vocabulary entries (ids without one)
+``integer_histogram``          other integers: a histogram
+``segmentation_scores``        ``[N, C, H, W]`` floats, C the mapping's width or H, W the input
+                               image's: a segmentation (argmax per pixel over the input image)
+``image_grid``                 ``[N, 1|3, H, W]`` or ``[1|3, H, W]`` floats: an image grid,
+                               de-normalised
+``feature_maps``               other ``[N, C, H, W]``: sample 0's channels as feature maps;
+                               ``[C, H, W]`` likewise
+``class_bars``                 ``[N, K]`` or ``[K]`` floats, a model output with K the mapping's
+                               width: top-k bars per row labelled from the mapping
+``signals``                    ``[N, T]`` floats, N ≤ 8, T ≥ 64: a line per row
+``heatmap``                    other 2-d: a heat map, each value written in when it is at most
+                               24 × 12 (a feature table)
+``values``                     ``[K]``, K ≤ 32: one bar per value
+``signal``                     other 1-d: a line
+=============================  ===================================================================
+
+Empty, 0-d, meta or fake tensors get a summary card saying why there is no picture; token ids
+are int32/int64. A Run shows its error first when it failed (``error``), its chunk timeline and
+chunk texts when it streamed (``chunks``), then every stage's pictures (a value an earlier stage
+drew, the same object passed on, is not drawn again; at most ``MAX_RUN_PANELS``); a failed stage
+shows its error and fix, and so does a ``StageError`` (saying where the harness keeps the input
+the stage failed on). ``hk.Sequences`` (or a list of its steps) shows its per-step batches,
+requests × steps. Anything else is a summary card whose last line says why there is no picture.
 """
 
 from __future__ import annotations
@@ -652,7 +679,7 @@ def _is_error_item(v: Any) -> bool:
 
 
 def _scalar(v: Any) -> bool:
-    return v is None or isinstance(v, (str, numbers.Number)) and not isinstance(v, complex)
+    return v is None or (isinstance(v, (str, numbers.Number)) and not isinstance(v, complex))
 
 
 def _is_detection(d: dict) -> bool:

@@ -228,10 +228,10 @@ def as_panels(out: Any, title: str, draw: Any = None) -> list[Panel]:
         return list(out)
     if isinstance(out, str):
         return [html_panel(title, out)]
+    if type(out).__name__ == "Figure" and hasattr(out, "canvas"):  # (a Figure has a _repr_html_ too)
+        return [figure_panel(title, out)]
     if hasattr(out, "_repr_html_"):
         return [html_panel(title, out._repr_html_() or "")]
-    if type(out).__name__ == "Figure" and hasattr(out, "canvas"):
-        return [figure_panel(title, out)]
     if callable(out):
         return [Panel("axes", title, {"draw": out})]
     name = getattr(draw, "__qualname__", "a picture")
