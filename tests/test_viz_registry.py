@@ -11,9 +11,9 @@ import matplotlib.figure
 import numpy as np
 import pytest
 import torch
+from _viz import drawn_images, kinds, panels, texts
 
 import handlerkit as hk
-from _viz import drawn_images, kinds, panels, texts
 from handlerkit.errors import HandlerkitError
 from handlerkit.viz import dispatch
 from handlerkit.viz.panel import Context, Panel
