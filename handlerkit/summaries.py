@@ -98,18 +98,34 @@ def tensor_infos(value: Any, path: str = "", limit: int = 64) -> list[TensorInfo
 
 def describe(value: Any, _depth: int = 0) -> str:
     """A short type/shape description of a stage value: ``Tensor[2, 3] float32 cpu``,
-    ``list[2] of dict(3 keys)`` (four levels deep at most)."""
+    ``list[2] of dict(3 keys)``, ``list[3] of list[4|2|7] of dict(2 keys)`` (ragged lists give
+    their items' lengths; four levels deep at most)."""
     first = next(iter_tensors(value, limit=1), None)
     if first is not None and first[0] == "<value>":
         return tensor_head(first[1])
     if isinstance(value, (list, tuple)):
         inner = (describe(value[0], _depth + 1) if _depth < 4 else "...") if value else ""
+        ragged = _ragged(value)
+        if ragged and inner:  # the items' lengths, not only the first's: list[4|2|7] of dict
+            inner = f"{type(value[0]).__name__}[{ragged}]" + inner.partition("]")[2]
         return f"{type(value).__name__}[{len(value)}]" + (f" of {inner}" if inner else "")
     if isinstance(value, dict):
         return f"dict({len(value)} keys)"
     if value is None:
         return "None"
     return type(value).__name__
+
+
+def _ragged(value: Any) -> str:
+    """The lengths of a list's items when they are lists (or tuples) of different lengths:
+    ``4|2|7`` for up to six items, ``2..7`` (the shortest and longest) for more; else ``""``."""
+    first = type(value[0]) if value else None
+    if first not in (list, tuple) or not all(type(v) is first for v in value[:4096]):
+        return ""
+    lengths = [len(v) for v in value[:4096]]
+    if len(set(lengths)) == 1:
+        return ""
+    return "|".join(map(str, lengths)) if len(lengths) <= 6 else f"{min(lengths)}..{max(lengths)}"
 
 
 def summary(value: Any, *, limit: int = 32) -> str:

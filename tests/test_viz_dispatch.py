@@ -34,7 +34,7 @@ from handlerkit.viz.dispatch import MAX_ITEMS
         (lambda: torch.rand(2, 16, 16) > 0.5, ["overlay"]),
         (lambda: torch.randn(2, 5), ["heatmap"]),
         (lambda: torch.randn(64, 64), ["heatmap"]),
-        (lambda: torch.randint(0, 100, (2, 10)), ["table"]),
+        (lambda: torch.randint(0, 100, (2, 10)), ["html"]),
         (lambda: torch.randn(10), ["bars"]),
         (lambda: torch.randn(1000), ["lines"]),
         (lambda: torch.randn(2, 1, 16000), ["lines"]),
@@ -67,17 +67,57 @@ from handlerkit.viz.dispatch import MAX_ITEMS
         (lambda: torch.randint(0, 255, (28, 28), dtype=torch.uint8), ["heatmap"]),
         (lambda: [[[torch.rand(3, 8, 8)]]], ["images"]),
     ],
-    ids=["images", "one-image", "uint8-images", "features", "channels", "int-mask", "bool-mask", "small-matrix",
-         "heatmap", "token-ids", "short-1d", "signal", "audio-batch", "4d-rows", "int16-pcm", "int-histogram",
-         "attention-mask", "bool-1d", "5d", "numpy", "numpy-odd", "empty", "0-d", "meta", "list-of-images", "dict",
-         "score-dicts", "torchserve-detections", "torchvision-detection", "number-lists", "dicts", "strings", "string",
-         "ragged", "png-bytes", "list-of-bytes", "not-an-image", "request-rows", "object", "grey-uint8",
-         "nested-lists"],
+    ids=[
+        "images",
+        "one-image",
+        "uint8-images",
+        "features",
+        "channels",
+        "int-mask",
+        "bool-mask",
+        "small-matrix",
+        "heatmap",
+        "token-ids",
+        "short-1d",
+        "signal",
+        "audio-batch",
+        "4d-rows",
+        "int16-pcm",
+        "int-histogram",
+        "attention-mask",
+        "bool-1d",
+        "5d",
+        "numpy",
+        "numpy-odd",
+        "empty",
+        "0-d",
+        "meta",
+        "list-of-images",
+        "dict",
+        "score-dicts",
+        "torchserve-detections",
+        "torchvision-detection",
+        "number-lists",
+        "dicts",
+        "strings",
+        "string",
+        "ragged",
+        "png-bytes",
+        "list-of-bytes",
+        "not-an-image",
+        "request-rows",
+        "object",
+        "grey-uint8",
+        "nested-lists",
+    ],
 )
 def test_the_picture_for_each_kind_of_value(make, expected):
     value = make()
     assert kinds(value) == expected
     fig = viz.show(value)
+    if expected == ["html"]:  # a table of text, shown as HTML: no figure
+        assert fig.figure is None and "<table class='handlerkit'>" in fig._repr_html_()
+        return
     fig.canvas.draw()  # rendering too must not raise
     assert fig.get_axes()
 
@@ -95,7 +135,9 @@ def test_bars_only_for_a_model_output_whose_width_is_the_mapping_s():
     assert kinds(StageResult("inference", output=torch.randn(30), source=thirty)) == ["bars"]  # one row
     assert kinds(StageResult("preprocess", output=torch.randn(30), source=thirty)) == ["bars"]  # values, in order
     assert panels(StageResult("preprocess", output=torch.randn(30), source=thirty))[0].data["samples"][0][0][:2] == [
-        "[0]", "[1]"]
+        "[0]",
+        "[1]",
+    ]
 
 
 @pytest.mark.torchserve
@@ -145,7 +187,7 @@ def test_a_tensor_that_is_no_image_is_read_as_rows_of_its_last_dim():
     assert many.data["ylabel"] == "row (index of the leading dims [10, 2])"
     assert many.notes[0] == "a row per index of the leading dims [10, 2]"
     ids = panels(torch.randint(2, 50, (2, 1, 7)), handler=SimpleNamespace(vocab=[f"w{i}" for i in range(50)]))[0]
-    assert ids.kind == "table" and len(ids.data["cells"]) == 2  # integers: token ids, a row each
+    assert ids.kind == "html" and len(ids.data["cells"]) == 2  # integers: token ids, a row each
     assert kinds(torch.rand(1, 3, 2, 40)) == ["heatmap"]  # 3 x 2 rows of 40: not an image, too short for lines
 
 
@@ -173,7 +215,7 @@ def test_token_ids_are_a_table_and_their_attention_mask_a_heat_map_of_0_and_1():
     words = SimpleNamespace(vocab=["[PAD]", "[CLS]", "the", "cat"])
     encoded = {"input_ids": torch.tensor([[1, 2, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 0]])}
     ids, mask = panels(encoded, handler=words)
-    assert ids.kind == "table" and ids.data["cells"] == [["[CLS]", "the", "cat", "[PAD]"]]
+    assert ids.kind == "html" and ids.data["cells"] == [["[CLS]", "the", "cat", "[PAD]"]]
     assert mask.kind == "heatmap" and mask.data["labels"] == [["1", "1", "1", "0"]]
 
 
@@ -251,11 +293,11 @@ def test_the_text_classifier_run_shows_its_tokens_and_scores():
     model_dir = ROOT / "fixtures" / "models" / "text_classifier"
     h = hk.Harness("text_classifier", hk.MockContext.from_model_dir(str(model_dir)))
     run = h.run(hk.batch(hk.Request.text("the cat sat on the mat"), hk.Request.text("rain and wind today")))
-    assert kinds(run) == ["table", "bars"]
+    assert kinds(run) == ["html", "bars"]
     table = panels(run.stages["preprocess"])[0]
     assert table.data["cells"][0][0] == "the" and len(table.data["cells"]) == 2
     assert "vocabulary: handler.source_vocab" in table.notes
-    labels = texts(viz.show(run))
+    labels = texts(viz.show(run).figure)
     assert set(h.handler.mapping.values()) <= set(labels.split())
 
 

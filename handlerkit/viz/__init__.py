@@ -125,6 +125,9 @@ def _show(
 
     if title is None and isinstance(obj, Run):
         title = f"Run of {obj.batch_size} request(s)" + (f": {obj.error.stage} failed" if obj.error else "")
+        answers = obj.output if isinstance(obj.output, list) and not obj.error else []
+        failed = [i for i, a in enumerate(answers) if isinstance(a, dict) and "error" in a and "fix" in a]
+        title += f": request {', '.join(map(str, failed))} failed" if failed else ""
     try:
         view = view_for(obj, handler)
         panels = panels_for(obj, view, image=image, top_k=top_k, max_images=max_images)

@@ -51,7 +51,7 @@ value given alone may be one, labelled only from the ``handler=`` its caller cho
 ``zero_one``                   ``[N, L]`` integers of 0 and 1 (an attention mask): a heat map
 ``token_ids``                  ``[N, L]`` integers (with a vocabulary, or ≤ 64 × 4096), ``[L]``
                                with a vocabulary: a table of vocabulary entries (ids without one)
-``integer_histogram``          other integers: a histogram
+``integer_histogram``          other integers but ``[K]``, K ≤ 32: a histogram
 ``segmentation_scores``        ``[N, C, H, W]`` floats, C the mapping's width or H, W the input
                                image's: a segmentation (argmax per pixel over the input image)
 ``image_grid``                 ``[N, 1|3, H, W]`` or ``[1|3, H, W]`` floats: an image grid,
@@ -63,7 +63,7 @@ value given alone may be one, labelled only from the ``handler=`` its caller cho
 ``signals``                    ``[N, T]`` floats, N ≤ 8, T ≥ 64: a line per row
 ``heatmap``                    other 2-d: a heat map, each value written in when it is at most
                                24 × 12 (a feature table)
-``values``                     ``[K]``, K ≤ 32: one bar per value
+``values``                     ``[K]``, K ≤ 32 (floats or integers): one bar per value
 ``signal``                     other 1-d: a line
 =============================  ===================================================================
 
@@ -467,7 +467,10 @@ def _token_ids(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
 
 
 def _integer_histogram(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
-    return None if x.is_floating_point() else histogram_panel(x, title)
+    """Integers: a histogram; ``[K]``, K ≤ 32 (a user id per request) declined: its values."""
+    if x.is_floating_point() or (x.dim() == 1 and x.shape[0] <= MAX_VALUES):
+        return None
+    return histogram_panel(x, title)
 
 
 def _segmentation_scores(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:

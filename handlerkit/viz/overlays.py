@@ -124,7 +124,7 @@ def _box_rows(item: Any, ctx: Context, named: dict[str, int]) -> tuple[torch.Ten
         name = ctx.view.label(label) if isinstance(label, int) else ("" if label is None else str(label))
         score = scores[j] if scores is not None and j < len(scores) else None
         texts.append(f"{name} {score:.2f}".strip() if score is not None and score == score else name)
-        colours.append(index if index is not None else named.setdefault(name, len(named)))
+        colours.append(index if index is not None else _class_index(ctx, name, named))
     b = boxes[order] if order else boxes[:0]
     b = torch.stack(
         [
@@ -140,6 +140,15 @@ def _box_rows(item: Any, ctx: Context, named: dict[str, int]) -> tuple[torch.Ten
     else:
         masks = None
     return b, texts, colours, masks
+
+
+def _class_index(ctx: Context, name: str, named: dict[str, int]) -> int:
+    """A label given by name: its class index in the mapping (so a class keeps one colour across
+    a run's panels, indices in one and names in the next), else its order of appearance."""
+    for key, label in (ctx.view.mapping or {}).items():
+        if label == name:
+            return int(key)
+    return named.setdefault(name, len(named))
 
 
 def detections_panel(items: list[Any], ctx: Context, title: str) -> Panel:
