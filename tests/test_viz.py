@@ -47,12 +47,8 @@ TOL = 2.0  # RMS over 0-255 pixel values
 @contextlib.contextmanager
 def golden_style() -> Iterator[None]:
     """matplotlib's default style with the bundled DejaVu fonts and its test-suite text settings."""
-    rc = {
-        "font.family": ["DejaVu Sans"],
-        "font.monospace": ["DejaVu Sans Mono"],
-        "text.hinting": "none",
-        "savefig.dpi": 72,
-    }
+    rc = {"font.family": ["DejaVu Sans"], "font.monospace": ["DejaVu Sans Mono"], "text.hinting": "none",
+          "savefig.dpi": 72}
     with matplotlib.style.context("default"), matplotlib.rc_context(rc):
         yield
 
@@ -70,10 +66,8 @@ def check_golden(name: str, make, tmp_path: Path) -> None:
         shutil.copyfile(actual, expected)
         return
     if not expected.exists():
-        pytest.fail(
-            f"no golden image {expected}: run HANDLERKIT_REGEN_GOLDEN=1 python -m pytest "
-            "tests/test_viz.py -k golden, look at it, commit it"
-        )
+        pytest.fail(f"no golden image {expected}: run HANDLERKIT_REGEN_GOLDEN=1 python -m pytest "
+                    "tests/test_viz.py -k golden, look at it, commit it")
     difference = compare_images(str(expected), str(actual), tol=TOL)
     assert difference is None, difference
 
@@ -104,9 +98,8 @@ def test_golden_histogram(tmp_path):
     """Integers without a vocabulary: the four photos' 8-bit pixel values (floats in a row are a signal)."""
     from PIL import Image
 
-    values = torch.cat(
-        [torch.from_numpy(np.array(Image.open(IMAGES / name).convert("RGB"))).flatten() for name in NAMES]
-    )
+    values = torch.cat([torch.from_numpy(np.array(Image.open(IMAGES / name).convert("RGB"))).flatten()
+                        for name in NAMES])
     assert kinds(values) == ["histogram"]
     check_golden("histogram", lambda: viz.show(values, title="8-bit pixel values of the four photos"), tmp_path)
 
@@ -158,15 +151,13 @@ def test_golden_detections(classifier, tmp_path):
 
     boxes = masks_to_boxes(shape_masks(classifier.pixels, classifier.handler))
     top, classes = classifier.probs.max(1)
-    output = [
-        {"boxes": boxes[i : i + 1], "labels": classes[i : i + 1], "scores": top[i : i + 1]} for i in range(len(NAMES))
-    ]
+    output = [{"boxes": boxes[i:i + 1], "labels": classes[i:i + 1], "scores": top[i:i + 1]} for i in range(len(NAMES))]
     result = StageResult("inference", input=classifier.pixels, output=output, source=classifier.handler)
     assert kinds(result) == ["overlay"]
     check_golden("detections", lambda: viz.show(result), tmp_path)
 
 
-def test_tokens_are_an_html_table(tmp_path):
+def test_tokens_are_an_html_table():
     words = "<pad> the a circle square star is drawn on plain gradient background".split()
     handler = SimpleNamespace(vocab={w: i for i, w in enumerate(words)})
     ids = torch.tensor([[1, 3, 6, 7, 8, 9, 11, 0], [2, 5, 6, 7, 8, 10, 11, 0]])
@@ -178,10 +169,8 @@ def test_tokens_are_an_html_table(tmp_path):
 
 def test_golden_error_card(tmp_path):
     h = hk.Harness(Strict, hk.MockContext.from_model_dir(str(CLASSIFIER)))
-    bad = hk.batch(
-        hk.Request.from_file(str(IMAGES / "circle.png")),
-        hk.Request.from_file(str(ROOT / "fixtures" / "bad" / "not_an_image.txt")),
-    )
+    bad = hk.batch(hk.Request.from_file(str(IMAGES / "circle.png")),
+                   hk.Request.from_file(str(ROOT / "fixtures" / "bad" / "not_an_image.txt")))
     with pytest.raises(hk.StageError):
         h.run(bad)
     failed = h.results["preprocess"]
@@ -263,26 +252,13 @@ def test_bad_arguments_are_type_and_value_errors():
         lambda: torch.ones(4, 4, 4, 4, dtype=torch.int32),
         lambda: torch.tensor([[1 + 1j, 2j]]),
         lambda: torch.eye(6).to_sparse(),
-        lambda: {
-            "boxes": torch.tensor([[10.0, 10, 2, 2], [float("nan"), 0, 1, 1]]),
-            "scores": torch.tensor([0.5, 0.4]),
-        },
+        lambda: {"boxes": torch.tensor([[10.0, 10, 2, 2], [float("nan"), 0, 1, 1]]),
+                 "scores": torch.tensor([0.5, 0.4])},
         lambda: {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)},
         lambda: torch.tensor([[36, 1]]),  # "$" as a token: no mathtext
     ],
-    ids=[
-        "nan-inf-matrix",
-        "nan-images",
-        "all-inf",
-        "nan-logits",
-        "zero-images",
-        "int-4d",
-        "complex",
-        "sparse",
-        "bad-boxes",
-        "no-boxes",
-        "dollar",
-    ],
+    ids=["nan-inf-matrix", "nan-images", "all-inf", "nan-logits", "zero-images", "int-4d", "complex", "sparse",
+         "bad-boxes", "no-boxes", "dollar"],
 )
 def test_odd_values_draw_without_errors_from_matplotlib(make):
     handler = SimpleNamespace(vocab={chr(i): i for i in range(128)})
@@ -366,15 +342,11 @@ def test_a_returned_figure_displays_as_png_in_a_fresh_kernel():
     import nbformat
 
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [
-        nbformat.v4.new_code_cell(
-            "import sys, torch\nfrom handlerkit.viz import show\nfig = show(torch.rand(2, 3, 8, 8))\n"
-            "assert 'matplotlib.pyplot' not in sys.modules\nfig"
-        )
-    ]
-    client = nbclient.NotebookClient(
-        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
-    )
+    notebook.cells = [nbformat.v4.new_code_cell(
+        "import sys, torch\nfrom handlerkit.viz import show\nfig = show(torch.rand(2, 3, 8, 8))\n"
+        "assert 'matplotlib.pyplot' not in sys.modules\nfig")]
+    client = nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT)}})
     client.execute()
     outputs = notebook.cells[0].outputs
     assert [o["output_type"] for o in outputs] == ["execute_result"] and "image/png" in outputs[0]["data"]

@@ -18,12 +18,8 @@ def test_a_card_holds_at_most_max_lines_and_grows_with_them():
 
 
 def test_an_error_card_names_the_original_exception_and_keeps_the_fix():
-    error = StageError(
-        "inference raised RuntimeError: shapes differ",
-        stage="inference",
-        original=RuntimeError("shapes differ"),
-        fix="resize the images to 224",
-    )
+    error = StageError("inference raised RuntimeError: shapes differ", stage="inference",
+                       original=RuntimeError("shapes differ"), fix="resize the images to 224")
     panel = error_card(StageResult("inference", error=error))
     assert panel.title == "inference raised RuntimeError: shapes differ"  # the error's first line, said once
     assert panel.data["lines"] == ["  fix: resize the images to 224"]

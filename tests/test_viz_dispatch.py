@@ -67,49 +67,12 @@ from handlerkit.viz.dispatch import MAX_ITEMS
         (lambda: torch.randint(0, 255, (28, 28), dtype=torch.uint8), ["heatmap"]),
         (lambda: [[[torch.rand(3, 8, 8)]]], ["images"]),
     ],
-    ids=[
-        "images",
-        "one-image",
-        "uint8-images",
-        "features",
-        "channels",
-        "int-mask",
-        "bool-mask",
-        "small-matrix",
-        "heatmap",
-        "token-ids",
-        "short-1d",
-        "signal",
-        "audio-batch",
-        "4d-rows",
-        "int16-pcm",
-        "int-histogram",
-        "attention-mask",
-        "bool-1d",
-        "5d",
-        "numpy",
-        "numpy-odd",
-        "empty",
-        "0-d",
-        "meta",
-        "list-of-images",
-        "dict",
-        "score-dicts",
-        "torchserve-detections",
-        "torchvision-detection",
-        "number-lists",
-        "dicts",
-        "strings",
-        "string",
-        "ragged",
-        "png-bytes",
-        "list-of-bytes",
-        "not-an-image",
-        "request-rows",
-        "object",
-        "grey-uint8",
-        "nested-lists",
-    ],
+    ids=["images", "one-image", "uint8-images", "features", "channels", "int-mask", "bool-mask", "small-matrix",
+         "heatmap", "token-ids", "short-1d", "signal", "audio-batch", "4d-rows", "int16-pcm", "int-histogram",
+         "attention-mask", "bool-1d", "5d", "numpy", "numpy-odd", "empty", "0-d", "meta", "list-of-images", "dict",
+         "score-dicts", "torchserve-detections", "torchvision-detection", "number-lists", "dicts", "strings", "string",
+         "ragged", "png-bytes", "list-of-bytes", "not-an-image", "request-rows", "object", "grey-uint8",
+         "nested-lists"],
 )
 def test_the_picture_for_each_kind_of_value(make, expected):
     value = make()
@@ -135,9 +98,7 @@ def test_bars_only_for_a_model_output_whose_width_is_the_mapping_s():
     assert kinds(StageResult("inference", output=torch.randn(30), source=thirty)) == ["bars"]  # one row
     assert kinds(StageResult("preprocess", output=torch.randn(30), source=thirty)) == ["bars"]  # values, in order
     assert panels(StageResult("preprocess", output=torch.randn(30), source=thirty))[0].data["samples"][0][0][:2] == [
-        "[0]",
-        "[1]",
-    ]
+        "[0]", "[1]"]
 
 
 @pytest.mark.torchserve

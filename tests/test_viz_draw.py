@@ -75,11 +75,7 @@ def test_a_small_heat_map_writes_each_value_legibly_on_its_colour():
     data = {"values": values, "shape": (2, 2), "labels": [["0", "1"], ["nan", "0.9"]], "ylabel": "request"}
     ax = figure([Panel("heatmap", "h", data)]).axes[0]
     assert [(t.get_text(), t.get_color()) for t in ax.texts] == [
-        ("0", "white"),
-        ("1", "black"),
-        ("nan", "white"),
-        ("0.9", "black"),
-    ]  # white on viridis' dark half
+        ("0", "white"), ("1", "black"), ("nan", "white"), ("0.9", "black")]  # white on viridis' dark half
     assert [t.get_position() for t in ax.texts][1] == (1, 0)  # (column, row)
     assert list(ax.get_xticks()) == [0, 1] and ax.get_ylabel() == "request"
 

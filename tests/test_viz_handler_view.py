@@ -17,9 +17,8 @@ def test_handler_facts_are_found_where_torchserve_and_torchvision_keep_them():
     from torchvision.transforms import v2
 
     class V2Handler:
-        preprocess_pipeline = v2.Compose(
-            [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])]
-        )
+        preprocess_pipeline = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                                          v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
 
         @property
         def transform(self):  # never run: attributes are read statically
@@ -27,11 +26,8 @@ def test_handler_facts_are_found_where_torchserve_and_torchvision_keep_them():
 
     view = read_handler(V2Handler())
     assert (view.mean, view.std, view.normalize_at) == ([0.5] * 3, [0.25] * 3, "handler.preprocess_pipeline")
-    ts_style = SimpleNamespace(
-        image_processing=transforms.Compose([transforms.Normalize([0.1], [0.2])]),
-        mapping={"0": ["n0", "tench"]},
-        source_vocab=["<unk>", "hello"],
-    )
+    ts_style = SimpleNamespace(image_processing=transforms.Compose([transforms.Normalize([0.1], [0.2])]),
+                               mapping={"0": ["n0", "tench"]}, source_vocab=["<unk>", "hello"])
     view = read_handler(ts_style)
     assert view.mean == [0.1] and view.label(0) == "tench" and view.tokens([1, 7]) == ["hello", "<7?>"]
 

@@ -32,8 +32,7 @@ def test_the_image_grid_is_de_normalised_with_the_handlers_transform(classifier)
     panel = panels(classifier.run.stages["preprocess"])[0]
     assert "mean=[0.485, 0.456, 0.406]" in panel.notes[0] and "handler.image_processing" in panel.notes[0]
     photo = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()])(
-        Image.open(IMAGES / "circle.png").convert("RGB")
-    )
+        Image.open(IMAGES / "circle.png").convert("RGB"))
     picture = panel.data["grid"]  # 2 x 2 images of 224 with 2-pixel padding
     drawn = torch.as_tensor(picture[2:226, 2:226]).permute(2, 0, 1).float()
     assert (drawn - photo).abs().max() < 1e-4
@@ -127,10 +126,8 @@ def test_bytes_that_are_no_image_say_why():
     card = encoded_images_panel([b"plain text"], ctx, "answer")
     assert card.kind == "card" and card.data["lines"][-1] == "No picture: 10 bytes that PIL cannot read as an image."
     none = encoded_images_panel([b"a", b"bc"], ctx, "answers")
-    assert none.data["lines"][-1] == (
-        "No picture: none of its items is an image ([0]: 1 byte that PIL cannot read "
-        "as an image; [1]: 2 bytes that PIL cannot read as an image)."
-    )
+    assert none.data["lines"][-1] == ("No picture: none of its items is an image ([0]: 1 byte that PIL cannot read "
+                                      "as an image; [1]: 2 bytes that PIL cannot read as an image).")
     some = encoded_images_panel([b"a", png_bytes()], ctx, "answers")
     assert some.kind == "images"
     assert some.notes == ["decoded from PNG bytes", "[0]: 1 byte that PIL cannot read as an image"]

@@ -22,7 +22,7 @@ CANVAS = [40, 40, 40]
 
 
 def rgb(hex_colour: str) -> list[int]:
-    return [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]
+    return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
 
 
 def test_a_class_map_is_blended_over_the_input_image_and_background_stays_clear():
@@ -45,10 +45,8 @@ def test_scores_are_argmaxed_and_bool_masks_drawn_per_class_with_mapping_labels(
     assert panel.data["grid"][0, 0].tolist() != [200, 200, 200] and panel.data["grid"][7, 0].tolist() == [200, 200, 200]
     masks = torch.zeros(1, 3, 8, 8, dtype=torch.bool)
     masks[0, 1, :2] = masks[0, 2, :4] = True  # overlapping classes
-    assert segmentation_panel(masks, Context(view, image=GREY), "m").data["legend"] == [
-        ("cat", colour(1)),
-        ("dog", colour(2)),
-    ]
+    assert segmentation_panel(masks, Context(view, image=GREY), "m").data["legend"] == [("cat", colour(1)),
+                                                                                          ("dog", colour(2))]
 
 
 def test_without_an_input_image_a_dark_canvas_and_notes_that_say_so():
@@ -72,10 +70,8 @@ def test_a_box_is_drawn_in_its_class_colour_on_a_canvas_that_holds_it():
     for y, x in ((10, 27), (27, 10), (27, 40), (40, 27)):  # the four edges
         assert picture[y, x].tolist() == rgb(colour(2))
     assert picture[37, 37].tolist() == CANVAS and picture[50, 50].tolist() == CANVAS  # inside and outside
-    assert panel.notes == [
-        "no input image known: boxes on a dark canvas (pass image=...)",
-        "1 boxes (at most 50 per image, highest scores)",
-    ]
+    assert panel.notes == ["no input image known: boxes on a dark canvas (pass image=...)",
+                           "1 boxes (at most 50 per image, highest scores)"]
 
 
 def test_boxes_are_ranked_by_score_bounded_and_malformed_ones_dropped():

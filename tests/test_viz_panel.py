@@ -40,15 +40,7 @@ def test_finite_range_ignores_nan_and_inf():
 
 
 def test_every_stage_but_the_model_s_input_may_hold_its_output():
-    may = {
-        stage: Context(HandlerView(), stage=stage).model_output
-        for stage in (None, "initialize", "preprocess", "inference", "postprocess", "handle")
-    }
-    assert may == {
-        None: True,
-        "initialize": False,
-        "preprocess": False,
-        "inference": True,
-        "postprocess": True,
-        "handle": True,
-    }
+    may = {stage: Context(HandlerView(), stage=stage).model_output
+           for stage in (None, "initialize", "preprocess", "inference", "postprocess", "handle")}
+    assert may == {None: True, "initialize": False, "preprocess": False, "inference": True, "postprocess": True,
+                   "handle": True}
