@@ -24,7 +24,7 @@ before="image_grid")``, and give it a row below.
 ``detections``            torchvision detections (``{"boxes", "labels", "scores"}``) or TorchServe's
                           detector output: boxes on the input image
 ``score_dicts``           ``{label: probability}`` dicts: top-k bars
-``image_list``            a list of same-sized ``[1|3, H, W]`` images: one batch
+``image_list``            a list of same-sized ``[1|3, H, W]`` images (or ``[1, 1|3, H, W]``): one batch
 ``ranked_lists``          per request, a (ragged) list of flat dicts (``[{"item_id", "score"}]``): an
                           HTML table, a row per record, every value whole
 ``json``                  other JSON-like values (what a postprocess answers): a table
@@ -272,7 +272,14 @@ def _score_dicts(value: Any, ctx: Context, label: str) -> list[Panel] | None:
 
 
 def _image_list(value: Any, ctx: Context, label: str) -> list[Panel] | None:
-    """A list of same-sized images, as one batch."""
+    """A list of same-sized images (``[1|3, H, W]``, or batches of one ``[1, 1|3, H, W]``, as a
+    handler that runs its requests one by one keeps them), as one batch."""
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) > 1
+        and all(isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[0] == 1 for v in value)
+    ):
+        return _image_list([v[0] for v in value], ctx, label)
     if (
         isinstance(value, (list, tuple))
         and value
