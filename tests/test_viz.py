@@ -293,12 +293,12 @@ def test_a_huge_tensor_draws_a_bounded_number_of_pixels_and_values():
 
 
 def test_an_unforeseen_failure_names_what_came(monkeypatch):
-    from handlerkit.viz import dispatch
+    from handlerkit.viz import tensors
 
     def broken(*args, **kwargs):
         raise RuntimeError("a torch op refused")
 
-    monkeypatch.setattr(dispatch, "lines_panel", broken)
+    monkeypatch.setattr(tensors, "lines_panel", broken)
     message = r"could not draw Tensor\[1000\] float32 cpu: RuntimeError: a torch op"
     with pytest.raises(HandlerkitError, match=message) as info:
         viz.show(torch.randn(1000))

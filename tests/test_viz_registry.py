@@ -1,6 +1,6 @@
 """handlerkit/viz/registry.py: hk.show chooses from a chain of pictures; a user's pictures
 (hk.show.register, __handlerkit_show__) come first, each free to decline; built-ins are added
-to the chain the same way (dispatch.TENSORS / VALUES)."""
+to the chain the same way (dispatch.VALUES, tensors.TENSORS)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from _viz import drawn_images, kinds, panels, texts
 
 import handlerkit as hk
 from handlerkit.errors import HandlerkitError
-from handlerkit.viz import dispatch
+from handlerkit.viz import dispatch, tensors
 from handlerkit.viz.panel import Context, Panel
 from handlerkit.viz.registry import registered
 from handlerkit.viz.shown import Shown
@@ -143,24 +143,23 @@ def test_a_built_in_of_the_panel_modules_shape_is_added_to_the_chain_in_one_line
             return Panel("card", f"{title}: map", {"lines": ["a float map"]})
         return None
 
-    dispatch.TENSORS.add(one_channel_maps, before="image_grid")
+    tensors.TENSORS.add(one_channel_maps, before="image_grid")
     try:
-        names = dispatch.TENSORS.names()
+        names = tensors.TENSORS.names()
         assert names.index("one_channel_maps") == names.index("image_grid") - 1
         assert kinds(torch.rand(2, 1, 16, 16) * 3.5) == ["card"]
         assert kinds(torch.rand(2, 1, 16, 16)) == ["images"]  # declined: pixels in [0, 1]
         with pytest.raises(ValueError, match=r"already in the chain"):
-            dispatch.TENSORS.add(one_channel_maps)
+            tensors.TENSORS.add(one_channel_maps)
     finally:
-        dispatch.TENSORS.remove("one_channel_maps")
+        tensors.TENSORS.remove("one_channel_maps")
     with pytest.raises(ValueError, match=r"no picture named 'nope'; the chain is \['class_scores_per_position'"):
-        dispatch.TENSORS.add(one_channel_maps, before="nope")
+        tensors.TENSORS.add(one_channel_maps, before="nope")
 
 
-def test_the_module_docstring_lists_every_built_in_picture_in_the_chain_s_order():
-    doc = dispatch.__doc__
-    for chain in (dispatch.VALUES, dispatch.TENSORS):
-        places = [doc.index(f"``{name}``  ") for name in chain.names()]
+def test_the_module_docstrings_list_every_built_in_picture_in_the_chain_s_order():
+    for module, chain in ((dispatch, dispatch.VALUES), (tensors, tensors.TENSORS)):
+        places = [module.__doc__.index(f"``{name}``  ") for name in chain.names()]
         assert places == sorted(places)
 
 

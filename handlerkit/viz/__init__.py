@@ -21,8 +21,9 @@ Your own pictures come first: ``hk.show.register(MyType_or_predicate, draw)`` or
 ``show`` reads top-down through the package:
 
 1. ``handler_view``: what the pictures read from the handler (mean/std, labels, vocabulary);
-2. ``registry``: the chain of pictures (yours first, each free to decline); ``dispatch``: the
-   built-in pictures in the chain's order, with their table;
+2. ``registry``: the chain of pictures (yours first, each free to decline); ``dispatch`` and
+   ``tensors``: the built-in pictures of values and of tensors in the chain's order, each with
+   its table;
 3. the panels, one module per kind: ``images`` (image grids, decoded image bytes, feature
    maps, heat maps with their values), ``bars`` (class scores, values, ``{label: score}``
    dicts), ``lines`` (signals), ``histogram``, ``overlays`` (masks and boxes on the input

@@ -35,12 +35,13 @@ class Context:
     depth: int = 0  # levels of lists and dicts above the value
     seen: dict[int, Any] | None = field(default=None, repr=False)  # the values a Run drew already, by id
 
-    def draw(self, value: Any, label: str | None = None) -> list[Panel]:
-        """The built-in pictures of `value` (a user's picture delegating: ``ctx.draw(self.ids)``)."""
-        from handlerkit.viz.dispatch import value_panels
+    chain: Any = field(default=None, repr=False)  # value -> panels: the whole chain (set by dispatch)
 
-        label = self.label if label is None else label
-        return value_panels(value, self, label) or []
+    def draw(self, value: Any, label: str | None = None) -> list[Panel]:
+        """The pictures ``hk.show`` gives `value` (a user's picture delegating: ``ctx.draw(self.ids)``)."""
+        if self.chain is None:
+            raise RuntimeError("Context.draw needs the chain of pictures: a context made by hk.show has it")
+        return self.chain(value, self, self.label if label is None else label)
 
     @property
     def model_output(self) -> bool:

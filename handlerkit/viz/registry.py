@@ -64,7 +64,7 @@ class Chain:
         Raises:
             ValueError: `name` is taken, or `before` names no entry (the names are listed).
         """
-        name = name or getattr(draw, "__name__", repr(draw))
+        name = name if name is not None else str(getattr(draw, "__name__", repr(draw)))
         if name in self.names():
             raise ValueError(f"{self.what}: a picture named {name!r} is already in the chain")
         entry = Entry(name, draw)
