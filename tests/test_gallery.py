@@ -239,9 +239,9 @@ def test_tabular_a_misspelt_field_is_the_clients_and_rows_of_different_lengths_t
 
 def test_text_is_shown_as_its_words_and_bars_of_its_labels(tmp_path):
     run = opened("text", tmp_path).run(batch_of("text"))
-    assert kinds(run) == ["table", "bars"]  # postprocess's {label: p} repeats the bars: left out
+    assert kinds(run) == ["html", "bars"]  # postprocess's {label: p} repeats the bars: left out
     (tokens,) = panels(run.stages["preprocess"])
-    assert tokens.kind == "table" and tokens.notes == ["vocabulary: handler.vocab"]
+    assert tokens.kind == "html" and tokens.notes == ["vocabulary: handler.vocab"]
     assert tokens.data["cells"] == [["the", "movie", "was", "great", "<pad>"], ["a", "boring", "and", "bad", "film"]]
     bars = bar_axes(hk.show(run.stages["inference"]))
     assert [sorted(labels) for labels, _ in bars] == [["negative", "positive"]] * 2
@@ -367,11 +367,11 @@ def test_image_to_image_bytes_that_are_no_image_are_told_as_the_clients_body(tmp
 
 def test_multi_input_is_shown_field_by_field_and_bars_of_its_decisions(tmp_path):
     run = opened("multi_input", tmp_path).run(batch_of("multi_input"))
-    assert kinds(run) == ["heatmap", "bars", "table"]
+    assert kinds(run) == ["heatmap", "bars", "bars", "table"]  # every field of the model's dict
     numbers, cities = panels(run.stages["preprocess"])  # one panel per field of the model's dict
     assert numbers.title.startswith("preprocess output['numbers']") and numbers.kind == "heatmap"
     assert numbers.data["labels"] == [["0.35", "0.52"], ["0.61", "0.2"]]
-    assert cities.title.startswith("preprocess output['city']") and cities.kind == "histogram"
+    assert cities.title.startswith("preprocess output['city']") and cities.kind == "bars"  # a value per request
     assert "decline" not in texts(hk.show(run.stages["preprocess"]))
     bars = bar_axes(hk.show(run.stages["inference"]))
     assert [labels[0] for labels, _ in bars] == [a["decision"] for a in run.output]
@@ -412,7 +412,7 @@ def test_strings_are_shown_as_a_table_of_strings(tmp_path):
     run = opened("strings", tmp_path).run(batch_of("strings"))
     (tokens,) = panels(run.stages["preprocess"])
     assert tokens.data["cells"] == [SENTENCES[0].split(), ["a", "big", "dog", "ran", "<pad>", "<pad>"]]
-    assert kinds(run) == ["table", "heatmap", "table"]
+    assert kinds(run) == ["html", "heatmap", "table"]
     (ax, _) = hk.show(run.stages["inference"]).get_axes()  # [2 sentences, 6 words, 5 tags]: a row per word
     assert [t.get_text() for t in ax.get_xticklabels()] == list(TAGS) and len(ax.texts) == 2 * 6 * 5
     assert ax.get_ylabel() == "row (index of the leading dims [2, 6])"

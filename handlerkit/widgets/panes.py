@@ -86,7 +86,10 @@ def picture_output(obj: Any) -> dict[str, Any]:
     try:
         from handlerkit import viz
 
-        return figure_output(viz.show(obj))
+        shown = viz.show(obj)
+        if hasattr(shown, "_repr_mimebundle_"):  # some of it is HTML (a token table): a viz.shown.Shown
+            return html_output(shown._repr_html_(), repr(shown))
+        return figure_output(shown)
     except Exception as exc:
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         return html_output(
