@@ -122,6 +122,7 @@ def test_a_streamed_run_fits_with_short_labels_its_texts_as_html_and_its_first_c
     assert len(re.findall(r"\d+\.\d ms", drawn)) == 1  # the first chunk came at once for both: said once
     page = html.unescape(shown._repr_html_())
     for stream, answer in zip(run.streams, run.output):
-        letters = " · ".join(c.body.decode() for c in stream.chunks)
+        letters = "".join(c.body.decode() for c in stream.chunks)  # a character a chunk: read as text
         assert f"<td>{letters}</td><td>{answer}</td>" in page
-    assert [p.kind for p in panels(run)].count("table") == 0  # no near-empty tables of strings
+    kinds = [p.kind for p in panels(run)]  # the timeline; chunk texts and prompts' ids as HTML
+    assert kinds[0] == "timeline" and set(kinds[1:]) == {"html"} and "table" not in kinds

@@ -47,8 +47,9 @@ def chunk_text_panel(run: Run) -> Panel:
         texts = [_text(c.body) for c in chunks]
         final = answers[index] if index < len(answers) else None
         label = f"{index} ({short_id(stream.request_id)})" if stream is not None else str(index)
-        rows.append([label, len(chunks), " · ".join(texts), _text(final) if final is not None else ""])
-    body = render_html(["request", "chunks", "chunk texts, in order", "final answer"], rows)
+        joined = "".join(texts) if all(len(t) <= 1 for t in texts) else " · ".join(texts)  # a character each: a text
+        rows.append([label, len(chunks), joined, _text(final) if final is not None else ""])
+    body = render_html(["request", "chunks", "chunk texts, in order (· between chunks)", "final answer"], rows)
     return html_panel(f"chunk texts: {len(run.chunks)} chunks", body)
 
 

@@ -64,7 +64,7 @@ from handlerkit.viz.overlays import detections_panel
 from handlerkit.viz.panel import Context, Panel
 from handlerkit.viz.registry import Chain, user_panels
 from handlerkit.viz.steps import steps_panel
-from handlerkit.viz.tables import json_table_panel, records_panel
+from handlerkit.viz.tables import json_table_panel, records_panel, table_html
 from handlerkit.viz.tensors import TENSORS, image_sized, tensor_panel
 from handlerkit.viz.tokens import tokens_panel
 
@@ -132,8 +132,8 @@ def _run_panels(run: Run, context: Any) -> list[Panel]:
             ctx = context(input_image, name)
             ctx.seen = seen
             drawn = value_panels(result.output, ctx, f"{name} output")
-            if run.chunks and name != "preprocess":
-                drawn = [p for p in drawn if p.kind != "table"]  # the texts are in the chunks' table
+            if run.chunks:  # text beside the chunks' table: HTML too; the answers are in that table
+                drawn = [table_html(p) for p in drawn if p.kind != "table" or name == "preprocess"]
             if name == "postprocess" and any(p.kind == "bars" for p in panels):
                 drawn = [p for p in drawn if p.kind != "bars"]  # the classifier's probabilities again, as dicts
             panels += drawn

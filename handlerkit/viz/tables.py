@@ -13,7 +13,7 @@ from typing import Any
 
 from handlerkit.viz.panel import Panel
 
-__all__ = ["MAX_COLUMNS", "MAX_RECORDS", "MAX_ROWS", "cell_text", "json_table_panel", "records_panel"]
+__all__ = ["MAX_COLUMNS", "MAX_RECORDS", "MAX_ROWS", "cell_text", "json_table_panel", "records_panel", "table_html"]
 
 MAX_ROWS, MAX_COLUMNS = 12, 6
 MAX_RECORDS = 200  # rows of an HTML table of records
@@ -91,6 +91,20 @@ def records_panel(lists: list[Any], title: str) -> Panel:
     if total > MAX_RECORDS:
         panel.notes.append(f"first {MAX_RECORDS} of {total} rows")
     return panel
+
+
+def table_html(panel: Panel) -> Panel:
+    """A table panel as HTML (its rows labelled), any other panel as it is."""
+    from handlerkit._text import render_html
+    from handlerkit.viz.registry import html_panel
+
+    if panel.kind != "table":
+        return panel
+    data = panel.data
+    rows = [[label, *cells] for label, cells in zip(data["rows"], data["cells"])]
+    html = html_panel(panel.title, render_html(["", *data.get("columns", [])], rows))
+    html.notes = list(panel.notes)
+    return html
 
 
 def cell_text(value: Any, width: int) -> str:
