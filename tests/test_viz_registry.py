@@ -174,3 +174,12 @@ def test_an_html_answer_is_shown_with_the_figure_and_the_figure_is_read_through(
     assert html.index("<img") < html.index("<i>note this</i>") and "[&#x27;text&#x27;]" in html
     assert bundle["text/plain"].startswith("<Shown: a figure and 1 HTML part(s)")
     assert isinstance(hk.show(np.ones((2, 3, 8, 8))), matplotlib.figure.Figure)  # pictures only: a Figure
+
+
+def test_a_shown_that_cannot_render_warns_and_raises():
+    shown = Shown(None, [Panel("html", "t", {"html": "<p>x</p>"})])
+    assert shown._repr_mimebundle_()["text/html"].endswith("<p>x</p></div></div>")
+    shown.panels[0].data.clear()
+    with pytest.warns(hk.HandlerkitWarning, match=r"handlerkit: the picture could not render itself: KeyError"):
+        with pytest.raises(KeyError):
+            shown._repr_mimebundle_()

@@ -52,7 +52,19 @@ class Shown:
         return "<div class='handlerkit-shown'>" + "".join(parts) + "</div>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/html": self._repr_html_(), "text/plain": repr(self)}
+        try:
+            return {"text/html": self._repr_html_(), "text/plain": repr(self)}
+        except Exception as exc:  # IPython swallows errors in reprs: say it, then raise
+            import warnings
+
+            from handlerkit.errors import HandlerkitWarning
+
+            warnings.warn(
+                f"handlerkit: the picture could not render itself: {type(exc).__name__}: {exc}",
+                HandlerkitWarning,
+                stacklevel=2,
+            )
+            raise
 
     def __repr__(self) -> str:
         figure = "a figure and " if self.figure is not None else ""
