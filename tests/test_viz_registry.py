@@ -183,3 +183,21 @@ def test_a_shown_that_cannot_render_warns_and_raises():
     with pytest.warns(hk.HandlerkitWarning, match=r"handlerkit: the picture could not render itself: KeyError"):
         with pytest.raises(KeyError):
             shown._repr_mimebundle_()
+
+
+def test_a_built_in_of_the_value_shape_is_added_before_the_image_bytes():
+    """``(value, ctx, label) -> list[Panel] | None``: WAV bytes, say, before images are tried."""
+
+    def riff_bytes(value, ctx: Context, label: str) -> list[Panel] | None:
+        if isinstance(value, (bytes, bytearray)) and bytes(value[:4]) == b"RIFF":
+            return [Panel("card", f"{label}: audio", {"lines": [f"{len(value)} bytes"]})]
+        return None
+
+    dispatch.VALUES.add(riff_bytes, before="encoded_images")
+    try:
+        (panel,) = panels(hk.StageResult("preprocess", input=None, output=b"RIFF" + bytes(40)))
+        assert panel.title == "preprocess output: audio" and panel.data["lines"] == ["44 bytes"]
+        assert "No picture" in texts(hk.show(b"\x00" * 12))  # declined: not RIFF, then no image either
+    finally:
+        dispatch.VALUES.remove("riff_bytes")
+    assert "riff_bytes" not in dispatch.VALUES.names()
