@@ -61,14 +61,17 @@ from handlerkit.errors import StageError
 from handlerkit.results import Run, StageResult
 from handlerkit.sequences import Sequences, Step
 from handlerkit.summaries import describe, no_values, tensor_head
+from handlerkit.viz.audio import audio_panels, batch_panels
 from handlerkit.viz.bars import bars_panel, dict_bars_panel, values_panel
 from handlerkit.viz.cards import card, error_card, summary_card
 from handlerkit.viz.chunks import timeline_panel
+from handlerkit.viz.explanations import attributions_panel
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.histogram import histogram_panel
 from handlerkit.viz.images import encoded_images_panel, features_panel, heatmap_panel, images_panel
 from handlerkit.viz.lines import MAX_LINES, lines_panel
-from handlerkit.viz.overlays import detections_panel, segmentation_panel
+from handlerkit.viz.maps import maps_panel
+from handlerkit.viz.overlays import detections_panel, pixel_classes_panel, segmentation_panel
 from handlerkit.viz.panel import Context, Panel
 from handlerkit.viz.steps import steps_panel
 from handlerkit.viz.tables import json_table_panel
@@ -132,6 +135,10 @@ def _run_panels(run: Run, context: Any) -> list[Panel]:
 
 def _value_panels(value: Any, ctx: Context, label: str, depth: int = 0) -> list[Panel]:
     """The panels of a stage value; [] when it holds nothing to draw."""
+    for picture in (batch_panels, audio_panels):  # until the registry's chain holds them
+        drawn = picture(value, ctx, label)
+        if drawn is not None:
+            return drawn
     value = _from_numpy(value)
     if isinstance(value, (list, tuple)):
         value = _numbers_to_tensor(value)
@@ -223,6 +230,10 @@ def _tensor_panel(x: torch.Tensor, ctx: Context, label: str) -> Panel:
 
 def _pick(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     """The picture for a tensor of 1 to 4 dims (the table in the module docstring)."""
+    for kind in (attributions_panel, pixel_classes_panel, maps_panel):  # until the registry's chain holds them
+        picked = kind(x, ctx, title)
+        if picked is not None:
+            return picked
     view, dims = ctx.view, x.dim()
     width = len(view.mapping) if view.mapping else None
     if dims == 3 and x.is_floating_point() and width and width >= 2 and x.shape[-1] == width and ctx.model_output:
