@@ -53,6 +53,8 @@ def read_wav(data: bytes | bytearray | memoryview) -> tuple[torch.Tensor, int] |
             frames = wav.readframes(wav.getnframes())
     except (wave.Error, EOFError):
         return None
+    if len(frames) < width * channels:
+        return torch.zeros(channels, 0), rate
     if width == 1:  # 8-bit WAV is unsigned
         samples = (torch.frombuffer(bytearray(frames), dtype=torch.uint8).float() - 128.0) / 128.0
     elif width in (2, 4):
@@ -68,6 +70,8 @@ def read_wav(data: bytes | bytearray | memoryview) -> tuple[torch.Tensor, int] |
 def pcm_samples(data: bytes | bytearray | memoryview) -> torch.Tensor:
     """Raw little-endian int16 PCM bytes as float32 samples in [-1, 1] (an odd last byte dropped)."""
     usable = len(data) - len(data) % 2
+    if not usable:
+        return torch.zeros(0)
     return torch.frombuffer(bytearray(bytes(data[:usable])), dtype=torch.int16).float() / 32768.0
 
 
@@ -156,6 +160,9 @@ def batch_panels(value: Any, ctx: Context, label: str) -> list[Panel] | None:
         parameters = request.parameters if not (request.item or request.delivered is not None) else ()
         body = payload(request.data(decode=True))
         content_type = next((p.content_type for p in parameters if p.name in ("data", "body")), None)
+        header = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
+        if content_type and header.lower().startswith(content_type.lower()):
+            content_type = header  # the parameter's type lacks the header's "; rate=..."
         clip = _clip(body, content_type)
         if clip is not None:
             panel = waveform_panel([("", clip[0], clip[1])], f"{name}: audio", [clip[2]])
