@@ -53,7 +53,8 @@ def test_the_waveform_carries_its_samples_for_a_player():
     (panel,) = panels(wav_bytes(440.0))
     ((label, samples, rate),) = panel.data["audio"]
     assert rate == AUDIO_RATE and samples.shape == (AUDIO_RATE,) and samples.dtype == np.float32
-    (player,) = players([panel])
+    ((name, player),) = players([panel])
+    assert name == "audio"
     assert player.data[:4] == b"RIFF"
     assert "<audio" in player._repr_html_()
     decoded, decoded_rate = read_wav(player.data)  # the player plays the request's samples
@@ -101,7 +102,7 @@ def test_a_batch_draws_every_request_s_input_one_panel_per_request():
     fig = viz.show(batch)
     assert len([ax for ax in fig.get_axes() if ax.get_lines()]) == 3
     assert all(3 * p.size[0] * fig.dpi <= 1200 for p in drawn if p.kind == "waveform")  # three a row fit
-    assert len(players(drawn)) == 3
+    assert [name for name, _ in players(drawn)] == ["request 0: audio", "request 3: audio", "request 4: audio"]
 
 
 def test_a_large_batch_draws_its_first_requests_and_says_so():

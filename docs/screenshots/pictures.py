@@ -42,7 +42,7 @@ def main(out: Path) -> None:
         save(hk.show(tones[0]), out / "wav_bytes.png")
         try:
             save(hk.show(batch), out / "batch.png")
-        except Exception as exc:  # noqa: BLE001  (the before code may not draw it)
+        except Exception as exc:  # the before code may not draw it
             print("batch:", exc)
 
     classifier = hk.Harness("image_classifier", hk.MockContext.from_model_dir(MODELS / "image_classifier"))

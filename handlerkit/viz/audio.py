@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import io
 import wave
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from handlerkit.viz.cards import card
+from handlerkit.viz.cards import card, summary_card
 from handlerkit.viz.lines import lines_panel
 from handlerkit.viz.panel import Context, Panel
 
@@ -143,17 +144,17 @@ def audio_panels(value: Any, ctx: Context, label: str) -> list[Panel] | None:
     return [waveform_panel(named, title, kinds)]
 
 
-def batch_panels(value: Any, ctx: Context, label: str) -> list[Panel] | None:
+def batch_panels(
+    value: Any, ctx: Context, label: str, draw: Callable[[Any, Context, str], list[Panel]] | None = None
+) -> list[Panel] | None:
     """A request :class:`~handlerkit.batches.Batch`: one panel per request (the first
-    ``MAX_REQUESTS``) drawing its input as ``hk.show`` draws a value (audio as a waveform with
-    its player, image bytes as the image, JSON as a table, text as text); None for anything
-    else."""
+    ``MAX_REQUESTS``), its input drawn: audio as a waveform with its player, anything else by
+    `draw` (the function that draws a stage value, ``hk.show``'s; image bytes as the image, JSON
+    as a table, text as text) or, without one, as its summary. None for anything but a Batch."""
     from handlerkit.batches import Batch, payload
 
     if not isinstance(value, Batch):
         return None
-    from handlerkit.viz.dispatch import panels_for  # the picture of each payload (dispatch imports us)
-
     panels = []
     for index, request in enumerate(value.requests[:MAX_REQUESTS]):
         name = f"request {index}"
@@ -165,26 +166,22 @@ def batch_panels(value: Any, ctx: Context, label: str) -> list[Panel] | None:
             content_type = header  # the parameter's type lacks the header's "; rate=..."
         clip = _clip(body, content_type)
         if clip is not None:
-            panel = waveform_panel([("", clip[0], clip[1])], f"{name}: audio", [clip[2]])
-        else:
-            drawn = panels_for(body, ctx.view, top_k=ctx.top_k, max_images=ctx.max_images)
-            panel = drawn[0]
-            panel.title = f"{name}: {panel.title}"
-        panels.append(panel)
+            panels.append(waveform_panel([("", clip[0], clip[1])], f"{name}: audio", [clip[2]]))
+            continue
+        drawn = draw(body, ctx, name) if draw is not None else []
+        panels.append(drawn[0] if drawn else summary_card(name, body, "its input holds nothing drawn"))
     if len(value) > MAX_REQUESTS:
         panels[-1].notes.append(f"the first {MAX_REQUESTS} of {len(value)} requests drawn")
     return panels
 
 
-def players(panels: list[Panel]) -> list[Any]:
-    """An ``IPython.display.Audio`` player for every clip the waveform panels carry, in order
-    (each ``.label`` says which)."""
+def players(panels: list[Panel]) -> list[tuple[str, Any]]:
+    """``(label, IPython.display.Audio)`` for every clip the waveform panels carry, in order
+    (the label is the clip's, else its panel's title: ``request 0: audio``)."""
     from IPython.display import Audio
 
     out = []
     for panel in panels:
         for label, samples, rate in panel.data.get("audio", []) if panel.kind == "waveform" else []:
-            player = Audio(data=samples, rate=rate, normalize=False)
-            player.label = label or panel.title
-            out.append(player)
+            out.append((label or panel.title, Audio(data=samples, rate=rate, normalize=False)))
     return out

@@ -135,10 +135,10 @@ def _run_panels(run: Run, context: Any) -> list[Panel]:
 
 def _value_panels(value: Any, ctx: Context, label: str, depth: int = 0) -> list[Panel]:
     """The panels of a stage value; [] when it holds nothing to draw."""
-    for picture in (batch_panels, audio_panels):  # until the registry's chain holds them
-        drawn = picture(value, ctx, label)
-        if drawn is not None:
-            return drawn
+    drawn = batch_panels(value, ctx, label, draw=_value_panels)  # until the registry's chain holds them
+    drawn = drawn if drawn is not None else audio_panels(value, ctx, label)
+    if drawn is not None:
+        return drawn
     value = _from_numpy(value)
     if isinstance(value, (list, tuple)):
         value = _numbers_to_tensor(value)

@@ -22,6 +22,8 @@ embeddings, time first) as frequencies.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from handlerkit.viz.images import whole_numbers
@@ -76,7 +78,7 @@ def maps_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
     small, step = shrink(maps, MAP_SIDE)
     values = torch.where(torch.isfinite(small), small.float(), torch.nan).cpu().numpy()
     time_frequency = ctx.stage in (None, "preprocess") and rows != cols
-    data = {
+    data: dict[str, Any] = {
         "maps": list(values),
         "labels": [f"request {i}" for i in range(values.shape[0])],
         "shape": (rows, cols),
@@ -90,7 +92,7 @@ def maps_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
     notes = [n for n in (n_note, f"every {step}th value along each side" if step > 1 else "") if n]
     what = "time × frequency, low frequencies at the bottom" if time_frequency else "a map, not pixels"
     notes.insert(0, f"{what}; one colour scale {low:.3g} … {high:.3g} (the data's)")
-    n = len(data["maps"])
+    n = values.shape[0]
     per_row = min(n, 4)
     lines = -(-n // per_row)
     return Panel("maps", f"{title}: heat maps", data, notes, size=(min(9.6, 1.0 + 2.2 * per_row), 1.2 + 2.2 * lines))
