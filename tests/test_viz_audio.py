@@ -16,7 +16,7 @@ import handlerkit as hk
 from _new_users import AUDIO_RATE, png_bytes, truncated_wav, wav_bytes
 from _viz import panels
 from handlerkit import viz
-from handlerkit.viz.audio import MAX_REQUESTS, audio_panels, players, read_wav
+from handlerkit.viz.audio import MAX_REQUESTS, audio_panels, players, players_html, read_wav
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.panel import Context
 
@@ -103,6 +103,9 @@ def test_a_batch_draws_every_request_s_input_one_panel_per_request():
     assert len([ax for ax in fig.get_axes() if ax.get_lines()]) == 3
     assert all(3 * p.size[0] * fig.dpi <= 1200 for p in drawn if p.kind == "waveform")  # three a row fit
     assert [name for name, _ in players(drawn)] == ["request 0: audio", "request 3: audio", "request 4: audio"]
+    html = players_html(drawn)
+    assert html.count("<audio") == 3 and html.count("data:audio/wav;base64,") == 3 and "request 3: audio" in html
+    assert players_html(drawn[1:3]) == ""
 
 
 def test_a_large_batch_draws_its_first_requests_and_says_so():

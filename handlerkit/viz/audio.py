@@ -32,6 +32,7 @@ __all__ = [
     "batch_panels",
     "pcm_samples",
     "players",
+    "players_html",
     "read_wav",
     "waveform_panel",
 ]
@@ -185,3 +186,15 @@ def players(panels: list[Panel]) -> list[tuple[str, Any]]:
         for label, samples, rate in panel.data.get("audio", []) if panel.kind == "waveform" else []:
             out.append((label or panel.title, Audio(data=samples, rate=rate, normalize=False)))
     return out
+
+
+def players_html(panels: list[Panel]) -> str:
+    """The players of :func:`players` as one HTML fragment (each labelled), to show under the
+    figure in a notebook; "" when no panel carries audio."""
+    import html
+
+    parts = [
+        f"<div><span style='font-size: 0.85em'>{html.escape(label)}</span> {player._repr_html_()}</div>"
+        for label, player in players(panels)
+    ]
+    return f"<div class='handlerkit-players'>{''.join(parts)}</div>" if parts else ""
