@@ -74,7 +74,7 @@ def attributions_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel | Non
         if n
     ]
     n = len(bases)
-    return Panel("attributions", f"{title}: attributions", data, notes, size=(min(9.6, 1.2 + 2.6 * n), 3.4))
+    return Panel("attributions", f"{title}: attributions", data, notes, size=(min(7.2, 1.2 + 2.2 * n), 3.4))
 
 
 def _grey(ctx: Context, index: int, size: torch.Size) -> object:

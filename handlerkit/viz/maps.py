@@ -95,4 +95,4 @@ def maps_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
     n = values.shape[0]
     per_row = min(n, 4)
     lines = -(-n // per_row)
-    return Panel("maps", f"{title}: heat maps", data, notes, size=(min(9.6, 1.0 + 2.2 * per_row), 1.2 + 2.2 * lines))
+    return Panel("maps", f"{title}: heat maps", data, notes, size=(min(7.2, 1.0 + 1.8 * per_row), 1.2 + 2.2 * lines))
