@@ -112,3 +112,12 @@ def test_a_large_batch_draws_its_first_requests_and_says_so():
     batch = hk.batch(*(hk.Request.from_bytes(wav_bytes(200.0 + i), "audio/wav") for i in range(MAX_REQUESTS + 2)))
     drawn = panels(batch)
     assert len(drawn) == MAX_REQUESTS and drawn[-1].notes[-1] == f"the first {MAX_REQUESTS} of 8 requests drawn"
+
+
+def test_a_list_of_wavs_is_a_line_and_a_player_each_the_first_eight():
+    bodies = [wav_bytes(200.0 + 100 * i, seconds=0.5 + 0.1 * i) for i in range(10)]
+    (panel,) = panels(bodies)
+    assert [label for label, _, _ in panel.data["series"]] == [f"[{i}]" for i in range(8)]
+    assert [len(samples) for _, samples, _ in panel.data["audio"]] == [4000 + 800 * i for i in range(8)]
+    assert panel.notes[:2] == ["8000 Hz; 0.5 s, 0.6 s, 0.7 s, 0.8 s, 0.9 s, 1 s, 1.1 s, 1.2 s", "first 8 of 10 clips"]
+    assert not any("gaps" in n for n in panel.notes)  # a shorter clip's end is no gap

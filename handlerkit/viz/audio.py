@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from handlerkit.viz.cards import card, summary_card
-from handlerkit.viz.lines import lines_panel
+from handlerkit.viz.lines import MAX_LINES, lines_panel
 from handlerkit.viz.panel import Context, Panel
 
 __all__ = [
@@ -134,15 +134,17 @@ def audio_panels(value: Any, ctx: Context, label: str) -> list[Panel] | None:
     """WAV bytes, or a list of them, as one waveform panel (a line per clip); None (decline) for
     anything else. Raw PCM needs its content type, so only :func:`batch_panels` draws it."""
     items = value if isinstance(value, (list, tuple)) else [value]
-    if not items or len(items) > ctx.max_images:
+    if not items:
         return None
     clips = [_clip(item) for item in items]
     if any(c is None for c in clips):
         return None
     named = [(f"[{i}]" if len(items) > 1 else "", c[0], c[1]) for i, c in enumerate(clips) if c is not None]
     kinds = sorted({c[2] for c in clips if c is not None})
+    if len(named) > MAX_LINES:
+        kinds.insert(0, f"first {MAX_LINES} of {len(named)} clips")
     title = f"{label}: audio" if label else "audio"
-    return [waveform_panel(named, title, kinds)]
+    return [waveform_panel(named[:MAX_LINES], title, kinds)]
 
 
 def batch_panels(
