@@ -3,10 +3,12 @@ coloured by class with the legend's colours; background left clear; boxes bounde
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.overlays import (
+    ALPHA,
     MAX_BOXES,
     MAX_CLASSES,
     PALETTE,
@@ -25,15 +27,18 @@ def rgb(hex_colour: str) -> list[int]:
     return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
 
 
-def test_a_class_map_is_blended_over_the_input_image_and_background_stays_clear():
+def test_a_class_map_is_a_layer_in_the_legend_s_colours_over_the_grey_image_and_background_stays_clear():
+    image = torch.zeros(1, 3, 8, 8, dtype=torch.uint8)
+    image[0, 0], image[0, 1], image[0, 2] = 90, 150, 210  # a bluish photo: drawn in grey (150)
     classes = torch.zeros(1, 8, 8, dtype=torch.long)
     classes[0, 2:4, 2:4] = 1
-    panel = segmentation_panel(classes, Context(HandlerView(), image=GREY), "s")
-    picture = panel.data["grid"]
-    assert picture[5, 5].tolist() == [200, 200, 200]  # class 0: background without a mapping
-    expected = [int(200 * 0.45 + c * 0.55) for c in rgb(colour(1))]  # alpha 0.55
-    assert all(abs(a - b) <= 1 for a, b in zip(picture[2, 2].tolist(), expected))
-    assert panel.data["legend"] == [("1", colour(1))] and panel.notes == ["uint8 pixels"]
+    panel = segmentation_panel(classes, Context(HandlerView(), image=image), "s")
+    base, layer = panel.data["grid"], panel.data["mask"]
+    assert base[5, 5].tolist() == base[2, 2].tolist() == [150, 150, 150]
+    assert layer[5, 5].tolist() == [0.0, 0.0, 0.0, 0.0]  # class 0: background without a mapping, clear
+    assert layer[2, 2, :3].tolist() == pytest.approx([c / 255 for c in rgb(colour(1))]) and layer[2, 2, 3] == ALPHA
+    assert panel.data["legend"] == [("1", colour(1))]
+    assert panel.notes == ["uint8 pixels", "the input image in grey under the classes' colours"]
 
 
 def test_scores_are_argmaxed_and_bool_masks_drawn_per_class_with_mapping_labels():
@@ -42,7 +47,7 @@ def test_scores_are_argmaxed_and_bool_masks_drawn_per_class_with_mapping_labels(
     view = HandlerView(mapping={"0": "background", "1": "cat", "2": "dog"})
     panel = segmentation_panel(scores, Context(view, image=GREY), "s")
     assert panel.data["legend"] == [("dog", colour(2))]
-    assert panel.data["grid"][0, 0].tolist() != [200, 200, 200] and panel.data["grid"][7, 0].tolist() == [200, 200, 200]
+    assert panel.data["mask"][0, 0, 3] == ALPHA and panel.data["mask"][7, 0, 3] == 0.0
     masks = torch.zeros(1, 3, 8, 8, dtype=torch.bool)
     masks[0, 1, :2] = masks[0, 2, :4] = True  # overlapping classes
     assert segmentation_panel(masks, Context(view, image=GREY), "m").data["legend"] == [("cat", colour(1)),

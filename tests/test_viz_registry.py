@@ -136,24 +136,25 @@ def test_a_failing_or_malformed_picture_is_named_with_its_fix():
 
 
 def test_a_built_in_of_the_panel_modules_shape_is_added_to_the_chain_in_one_line():
-    """How a new kind of picture (a spectrogram, say) joins: ``(x, ctx, title) -> Panel | None``."""
+    """How a new kind of picture joins: ``(x, ctx, title) -> Panel | None``, here ahead of the
+    built-in float maps it overrides."""
 
     def one_channel_maps(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
         if x.dim() == 4 and x.shape[1] == 1 and x.is_floating_point() and float(x.max()) > 1.5:
             return Panel("card", f"{title}: map", {"lines": ["a float map"]})
         return None
 
-    tensors.TENSORS.add(one_channel_maps, before="image_grid")
+    tensors.TENSORS.add(one_channel_maps, before="maps")
     try:
         names = tensors.TENSORS.names()
-        assert names.index("one_channel_maps") == names.index("image_grid") - 1
+        assert names.index("one_channel_maps") == names.index("maps") - 1
         assert kinds(torch.rand(2, 1, 16, 16) * 3.5) == ["card"]
         assert kinds(torch.rand(2, 1, 16, 16)) == ["images"]  # declined: pixels in [0, 1]
         with pytest.raises(ValueError, match=r"already in the chain"):
             tensors.TENSORS.add(one_channel_maps)
     finally:
         tensors.TENSORS.remove("one_channel_maps")
-    with pytest.raises(ValueError, match=r"no picture named 'nope'; the chain is \['class_scores_per_position'"):
+    with pytest.raises(ValueError, match=r"no picture named 'nope'; the chain is \['attributions'"):
         tensors.TENSORS.add(one_channel_maps, before="nope")
 
 

@@ -13,9 +13,12 @@ built-in picture, add it to a chain before the first picture it must precede, on
 ``VALUES``, ``(value, ctx, label) -> list[Panel] | None``:
 
 ========================  ========================================================================
+``request_batch``         a request ``Batch``: one panel per request, its input drawn (audio as a
+                          waveform with its player, anything else by these pictures)
 ``numpy_array``           a numeric numpy array: as the tensor it is
 ``numbers``               a regular (nested) list of numbers: as a tensor
 ``tensor``                a tensor: the first of ``TENSORS`` that draws it (table below)
+``wav_audio``             WAV bytes (or a list of them): a waveform, a line per clip, with a player
 ``encoded_images``        bytes PIL decodes as an image (or a list of them): those images
 ``embedding_bag_tokens``  EmbeddingBag input (ids + offsets, a dict or NamedTuple): a token table
 ``text``                  a string: a table of one row
@@ -44,6 +47,7 @@ requests × steps. Anything else is a summary card whose last line says why ther
 
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
 from dataclasses import replace
@@ -55,6 +59,7 @@ from handlerkit.errors import StageError
 from handlerkit.results import Run, StageResult
 from handlerkit.sequences import Sequences, Step
 from handlerkit.summaries import describe
+from handlerkit.viz.audio import audio_panels, batch_panels
 from handlerkit.viz.bars import dict_bars_panel
 from handlerkit.viz.cards import card, error_card, summary_card
 from handlerkit.viz.chunks import chunk_panels
@@ -302,6 +307,8 @@ for _draw in (
     _items,
 ):
     VALUES.add(_draw, name=_draw.__name__.lstrip("_"))
+VALUES.add(functools.partial(batch_panels, draw=value_panels), name="request_batch", before="numpy_array")
+VALUES.add(audio_panels, name="wav_audio", before="encoded_images")
 
 
 def _titled(label: str, value: Any) -> str:

@@ -314,3 +314,116 @@ def display_as_png() -> None:
     from IPython.core.pylabtools import print_figure
 
     formatters["image/png"].for_type(Figure, functools.partial(print_figure, fmt="png", base64=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Maps, waveforms, attributions and segmentations (viz/maps.py, audio.py, explanations.py,
+# overlays.py): each draws on its own scale with a colour bar or legend that matches it.
+# ---------------------------------------------------------------------------------------------
+
+
+def _map_axes(where: Any, count: int) -> list[Any]:
+    """`count` axes, at most four a row, sharing both axes' scales."""
+    per_row = min(count, 4)
+    rows = -(-count // per_row)
+    axes = where.subplots(rows, per_row, squeeze=False, sharex=True, sharey=True).ravel()
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    return list(axes[:count])
+
+
+def _maps(data: dict[str, Any], where: Any) -> None:
+    """A heat map per request on one colour scale (the data's min..max) with one colour bar;
+    time × frequency maps with row 0 (the lowest frequency) at the bottom."""
+    import matplotlib
+
+    rows, cols = data["shape"]
+    low, high = data["limits"]
+    if low == high:
+        low, high = low - 0.5, high + 0.5
+    cmap = matplotlib.colormaps[data["cmap"]].with_extremes(bad="white")
+    bottom_up = data["low_at_bottom"]
+    axes = _map_axes(where, len(data["maps"]))
+    image = None
+    for ax, values, label in zip(axes, data["maps"], data["labels"]):
+        extent = (-0.5, cols - 0.5, -0.5, rows - 0.5) if bottom_up else (-0.5, cols - 0.5, rows - 0.5, -0.5)
+        image = ax.imshow(
+            values,
+            cmap=cmap,
+            vmin=low,
+            vmax=high,
+            aspect="auto",
+            interpolation="nearest",
+            origin="lower" if bottom_up else "upper",
+            extent=extent,
+        )  # the tensor's indices, not the subsample's
+        ax.set_title(_t(label), fontsize=7, loc="left")
+    for ax in axes:
+        if ax.get_subplotspec().is_last_row():
+            ax.set_xlabel(_t(data["xlabel"]))
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel(_t(data["ylabel"]))
+    if image is not None:
+        where.colorbar(image, ax=axes, shrink=0.9)
+
+
+def _waveform(data: dict[str, Any], where: Any) -> None:
+    """A waveform per clip over time in seconds, amplitude in [-1, 1]."""
+    series = data["series"]
+    axes = where.subplots(len(series), 1, squeeze=False, sharex=True)[:, 0]
+    end = max(length / rate for length, rate in zip(data["lengths"], data["rates"]))
+    for ax, (label, xs, ys), rate in zip(axes, series, data["rates"]):
+        ax.plot(xs / rate, ys, color="#1f77b4", linewidth=0.6)
+        ax.set_xlim(0, end)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_ylabel("amplitude")
+        if label:
+            ax.set_title(_t(label), loc="left", fontsize=7)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[-1].set_xlabel(_t(data["xlabel"]))
+
+
+def _attributions(data: dict[str, Any], where: Any) -> None:
+    """Per request, attributions as a diverging heat map (limits ±limit, 0 the neutral colour)
+    over its grey input image, opaque in proportion to |value|; one symmetric colour bar."""
+    import matplotlib
+    import matplotlib.cm
+    import matplotlib.colors
+    import numpy as np
+
+    limit = data["limit"]
+    cmap = matplotlib.colormaps[data["cmap"]]
+    norm = matplotlib.colors.Normalize(vmin=-limit, vmax=limit)
+    axes = where.subplots(1, len(data["values"]), squeeze=False)[0]
+    image = None
+    for ax, values, base, label in zip(axes, data["values"], data["images"], data["labels"]):
+        if base is not None:
+            ax.imshow(base, cmap="gray", vmin=0.0, vmax=1.0, interpolation="antialiased")
+            alpha = np.clip(np.abs(values) / limit, 0.0, 1.0) * 0.85
+        else:
+            alpha = None
+        image = ax.imshow(values, cmap=cmap, norm=norm, alpha=alpha, interpolation="nearest")
+        ax.set_title(_t(label), fontsize=7, loc="left")
+        ax.axis("off")
+    if image is not None:
+        bar = where.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=list(axes), shrink=0.85)
+        bar.set_label("attribution")
+
+
+def _overlay(data: dict[str, Any], where: Any) -> None:
+    """The input image (a segmentation's in grey), a segmentation's class masks over it in
+    their legend colours (an RGBA layer, ``mask``), and the legend."""
+    ax = where.add_subplot()
+    ax.imshow(data["grid"])
+    if data.get("mask") is not None:
+        ax.imshow(data["mask"], interpolation="nearest")
+    ax.axis("off")
+    if data.get("legend"):
+        from matplotlib.patches import Patch
+
+        handles = [Patch(facecolor=colour, label=_t(label)) for label, colour in data["legend"]]
+        where.legend(handles=handles, loc="outside right upper", frameon=False)
+
+
+_KINDS.update(maps=_maps, waveform=_waveform, attributions=_attributions, overlay=_overlay)

@@ -26,6 +26,7 @@ __all__ = [
     "heatmap_panel",
     "images_panel",
     "unit_images",
+    "whole_numbers",
 ]
 
 MAX_VALUE_ROWS, MAX_VALUE_COLS = 24, 12  # the largest heat map with its values written in
@@ -151,7 +152,7 @@ def unit_images(x: torch.Tensor, view: HandlerView) -> tuple[torch.Tensor, str]:
     x = torch.nan_to_num(x, nan=0.0, posinf=1.0, neginf=0.0)
     if bounds is None or (bounds[0] >= -0.1 and bounds[1] <= 1.1):  # resizing overshoots a little
         return x.clamp(0, 1), note or "values in [0, 1]"
-    if bounds[0] >= 0 and bounds[1] <= 255:
+    if bounds[0] >= 0 and bounds[1] <= 255 and whole_numbers(x):  # 8-bit pixels held as floats, nothing else
         return (x / 255.0).clamp(0, 1), (note + "; " if note else "") + "0-255 values scaled to [0, 1]"
     flat = x.flatten(1)
     low, high = flat.amin(1).view(-1, 1, 1, 1), flat.amax(1).view(-1, 1, 1, 1)
@@ -175,6 +176,13 @@ def grid(images: list[torch.Tensor] | torch.Tensor, pad_value: float = 1.0) -> A
     pad = pad_value if images.is_floating_point() else int(pad_value * 255)
     out = make_grid(images, nrow=columns(images.shape[0]), padding=2, pad_value=pad)
     return out.permute(1, 2, 0).cpu().numpy()
+
+
+def whole_numbers(x: torch.Tensor, probe: int = 4096) -> bool:
+    """Whether the values of `x` are whole numbers (a strided sample of about `probe` values)."""
+    flat = x.reshape(-1)
+    sample = flat[:: max(1, flat.numel() // probe)]
+    return bool((sample == sample.round()).all())
 
 
 def _fmt_list(values: list[float]) -> str:

@@ -16,10 +16,11 @@ import torch
 from handlerkit.viz.images import grid, unit_images
 from handlerkit.viz.panel import Context, Panel, cell_side, first, shrink
 
-__all__ = ["PALETTE", "colour", "detections_panel", "image_at", "segmentation_panel"]
+__all__ = ["ALPHA", "PALETTE", "colour", "detections_panel", "image_at", "pixel_classes_panel", "segmentation_panel"]
 
 MAX_BOXES = 50
 MAX_CLASSES = 20
+ALPHA = 0.7  # the opacity of a segmentation's class colours over the grey input image
 _CANVAS = 40  # grey level of the canvas drawn on when there is no input image
 # matplotlib's tab10, so class colours in overlays match their legend.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -60,9 +61,13 @@ def _base(ctx: Context, index: int, height: int, width: int) -> tuple[torch.Tens
 
 def segmentation_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
     """[N, K, H, W] scores (argmax per pixel), [N, K, H, W] bool masks or an [N, H, W] class map,
-    as coloured masks over the input image; background classes are left clear."""
-    from torchvision.utils import draw_segmentation_masks
+    as masks in the legend's colours over the input image in grey; background classes are left
+    clear, and the legend lists only the classes present.
 
+    The masks are a layer of their own (``data["mask"]``, RGBA): each class's pixels hold its
+    legend colour exactly, with ``ALPHA`` as their opacity, drawn over the grey image. Over grey
+    the colour keeps its hue (a blend over a coloured photo turns orange into red); a legend
+    patch and a class's pixels are the same colour."""
     x, n_note = first(x, ctx.max_images, "images")
     x, step = shrink(x, cell_side(x.shape[0]))
     if x.dim() == 4 and x.dtype == torch.bool:  # one mask per class, overlapping allowed
@@ -75,22 +80,58 @@ def segmentation_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel:
         masks_of = lambda i, c: classes[i] == c
     present = [c for c, n in sorted(tally.items(), key=lambda kv: -kv[1]) if n > 0]
     present = sorted([c for c in present if c >= 0 and not ctx.view.is_background(c)][:MAX_CLASSES])
-    drawn, notes = [], [n for n in (n_note, f"every {step}th pixel" if step > 1 else "") if n]
+    bases, layers, notes = [], [], [n for n in (n_note, f"every {step}th pixel" if step > 1 else "") if n]
     height, width = x.shape[-2], x.shape[-1]
     for i in range(x.shape[0]):
         base, note = _base(ctx, i, height, width)
         if note and note not in notes:
             notes.append(note)
-        if present:
-            masks = torch.stack([masks_of(i, c) for c in present]).cpu()
-            base = draw_segmentation_masks(base, masks, alpha=0.55, colors=[colour(c) for c in present])
-        drawn.append(base)
+        bases.append(base.float().mean(0, keepdim=True).round().to(torch.uint8).expand(3, -1, -1))
+        layer = torch.zeros(4, height, width)
+        for c in present:  # a later class over an earlier one where bool masks overlap
+            mask = masks_of(i, c).cpu()
+            layer[:, mask] = torch.tensor([*_rgb(colour(c)), ALPHA]).view(4, 1)
+        layers.append(layer)
     if image_at(ctx.image, 0) is None:
         notes.append("no input image known: masks on a dark canvas (pass image=...)")
+    else:
+        notes.append("the input image in grey under the classes' colours")
     legend = [(ctx.view.label(c), colour(c)) for c in present]
     if not present:
         notes.append("every pixel is background")
-    return Panel("overlay", title, {"grid": grid(drawn), "legend": legend}, notes, size=(4.8, 4.6))
+    data = {"grid": grid(bases), "mask": grid(layers, pad_value=0.0), "legend": legend}
+    return Panel("overlay", title, data, notes, size=(4.8, 4.6))
+
+
+def pixel_classes_panel(x: torch.Tensor, ctx: Context, title: str) -> Panel | None:
+    """A segmenter's answer, ``[class, probability]`` per pixel (``[N, H, W, 2]``, TorchServe's
+    image_segmenter's lists), as its class mask over the input image; None (decline) for other
+    tensors: the classes must be whole numbers from 0 and the probabilities in [0, 1]."""
+    if not (
+        ctx.model_output
+        and x.is_floating_point()
+        and x.dim() == 4
+        and x.shape[-1] == 2
+        and x.numel() > 0
+        and min(x.shape[1:3]) >= 4
+    ):
+        return None
+    step = max(1, int((x.numel() / 2 / 65536) ** 0.5))
+    probe = x[:, ::step, ::step]
+    classes, probabilities = probe[..., 0], probe[..., 1]
+    if not (
+        bool((classes == classes.round()).all())
+        and bool((classes >= 0).all())
+        and bool(((probabilities >= 0) & (probabilities <= 1)).all())
+    ):
+        return None
+    panel = segmentation_panel(x[..., 0].round().long(), ctx, f"{title}: class per pixel")
+    panel.notes.insert(0, "the answer's [class, probability] pairs: each pixel's class drawn")
+    return panel
+
+
+def _rgb(hex_colour: str) -> tuple[float, float, float]:
+    return (int(hex_colour[1:3], 16) / 255, int(hex_colour[3:5], 16) / 255, int(hex_colour[5:7], 16) / 255)
 
 
 def _box_rows(item: Any, ctx: Context, named: dict[str, int]) -> tuple[torch.Tensor, list[str], list[int], Any]:

@@ -13,6 +13,14 @@ value of any stage but preprocess (the model's input is never labelled with its 
 value given alone may be one, labelled only from the ``handler=`` its caller chose.
 
 =============================  ===================================================================
+``attributions``               an explain stage's ``[N, C, H, W]`` floats: a diverging heat map
+                               (symmetric around 0) over the input image in grey, a colour bar
+``pixel_classes``              a segmenter's ``[N, H, W, 2]`` answer (whole class, probability):
+                               its class mask over the input image
+``maps``                       ``[N, 1, H, W]`` or ``[1, H, W]`` floats that are not pixels
+                               (``maps``' rule): a heat map per request, one colour bar;
+                               time × frequency, low frequencies at the bottom, for a
+                               non-square preprocess output
 ``class_scores_per_position``  ``[N, L, K]`` floats, a model output with K the mapping's width (a
                                tagger's): a heat map, a row per ``[n, l]``, a column per class
 ``rows_of_leading_dims``       3-d and 4-d, not image-sized: a row per leading index (``[N, 1,
@@ -53,10 +61,12 @@ import torch
 from handlerkit.summaries import no_values, tensor_head
 from handlerkit.viz.bars import bars_panel, values_panel
 from handlerkit.viz.cards import summary_card
+from handlerkit.viz.explanations import attributions_panel
 from handlerkit.viz.histogram import histogram_panel
 from handlerkit.viz.images import features_panel, heatmap_panel, images_panel
 from handlerkit.viz.lines import MAX_LINES, lines_panel
-from handlerkit.viz.overlays import segmentation_panel
+from handlerkit.viz.maps import maps_panel
+from handlerkit.viz.overlays import pixel_classes_panel, segmentation_panel
 from handlerkit.viz.panel import Context, Panel
 from handlerkit.viz.registry import Chain
 from handlerkit.viz.tokens import tokens_panel
@@ -264,6 +274,10 @@ for _tensor_draw in (
     _signal,
 ):
     TENSORS.add(_tensor_draw, name=_tensor_draw.__name__.lstrip("_"))
+# Narrower than every rule above, so tried first: an explain stage's attributions, a segmenter's
+# [N, H, W, 2] (class, probability) answer, a float map that is not pixels (maps' docstring).
+for _narrow in (attributions_panel, pixel_classes_panel, maps_panel):
+    TENSORS.add(_narrow, name=_narrow.__name__.removesuffix("_panel"), before="class_scores_per_position")
 
 
 def _scores_per_position(x: torch.Tensor, ctx: Context, title: str) -> Panel:
