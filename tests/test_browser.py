@@ -313,6 +313,7 @@ def test_the_sequence_steppers_buttons_show_each_step_in_jupyterlab(tmp_path):
             click("step")
             _wait(driver, page_shows("step 1: 1 requests (0 joined, 1 continued, 1 left)", "context.cache after step 1"),
                   "step 1's row and the state after it", deadline)
+            _screenshot(driver, tmp_path, "sequence-stepper.png")
         finally:
             driver.quit()
 

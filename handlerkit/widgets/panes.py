@@ -34,6 +34,7 @@ __all__ = [
     "timing_html",
 ]
 
+PANE_HEIGHT = "480px"  # a Stepper tab's most (it scrolls inside): with the buttons, one 1280x800 screen
 _BAR_PX = 220  # the longest timing bar
 _ANSWER_CHARS = 1200  # of one request's answer, shown; the result keeps it whole
 _ANSWERS_SHOWN = 16  # requests whose answer is shown

@@ -31,13 +31,13 @@ from handlerkit.requests import Request
 from handlerkit.sequences import Sequences
 from handlerkit.widgets import panes
 from handlerkit.widgets.live import LivePanes
+from handlerkit.widgets.panes import PANE_HEIGHT
 from handlerkit.widgets.sequence import SequenceStepper
 
 __all__ = ["Stepper"]
 
 STAGES = ("initialize", "preprocess", "inference", "postprocess")
 _ANSWERS = ("postprocess", "handle")  # stages whose output is the answer a client gets
-PANE_HEIGHT = "480px"  # a tab's most: with the buttons above it, the Stepper fits a 1280x800 screen
 _NEEDS_BATCH = "add a request with the upload button, or set stepper.batch = hk.batch(...)"
 
 
