@@ -183,14 +183,11 @@ class Run(Rendered):
         source: Any = None,
         socket: ChunkSocket | None = None,
         context: Any = None,
-        initialized: bool = True,
     ) -> Run:
         """The Run of a batch whose handler raised ``error``: the stages that ran, no output, and
         the chunks a streaming handler sent before it failed (``socket``, a
         :class:`~handlerkit.streaming.ChunkSocket` of ``context``)."""
-        run = cls(
-            None, stages, batch_size, run_mode(stages), handle_ms, source=source, error=error, initialized=initialized
-        )
+        run = cls(None, stages, batch_size, run_mode(stages), handle_ms, source=source, error=error)
         if socket is not None and socket.sent and handle_ms is not None:
             # No final answer ends these streams: the worker answers the batch with the error, as
             # it does for a non-list output (which is what check_output(None) reports).
