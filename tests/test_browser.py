@@ -387,6 +387,9 @@ def test_the_stepper_fits_one_screen_and_each_result_shows_where_its_button_is(t
                 path = enabled.format(stage)
                 _wait(driver, lambda d, path=path: (d.find_elements(By.XPATH, path) or [None])[0],
                       f"the enabled {stage} button", deadline).click()
+                time.sleep(0.25)  # the click reaches the kernel, which disables the buttons until the stage is done
+                _wait(driver, lambda d: d.find_elements(By.XPATH, enabled.format("run all")), f"{stage} to finish",
+                      deadline)
                 parts = 2 if stage in ("preprocess", "inference") else 1  # the pane, and its picture
                 rects = _wait(driver, lambda d, stage=stage, parts=parts: d.execute_script(RESULT_PANE, f"{stage} ok", parts),
                               f"the {stage} pane showing its result", deadline)
