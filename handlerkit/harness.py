@@ -399,7 +399,7 @@ class Harness(Reports):
         keeps a result for every stage it called, and ``Run.output`` is what it returned. When it
         raises, so does ``run``, and ``h.last_run`` is the failed Run (:meth:`Run.failed`)."""
         initialized, self.last_run = self.results.get("initialize"), None  # never the previous run's
-        if initialized is None or initialized.error is not None:
+        if initializes := initialized is None or initialized.error is not None:  # then it is part of this run
             self.initialize()
         batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
         self._bind(batch)
@@ -430,11 +430,11 @@ class Harness(Reports):
                 built.append(self.results["handle"])
             stages = {"initialize": self.results["initialize"], **{r.stage: r for r in built}}
             if error is not None:
-                stage = lap.stage if lap is not None else "handle"
-                failed = self.results[stage]
+                failed = self.results[stage := lap.stage if lap is not None else "handle"]
                 fed = failures.fed_by(self.results, stage, data)  # handle gave the stage its input from data
                 failed.error = self._stage_error(stage, error, count, on_batch_data=fed)
                 self.last_run = Run.failed(stages, count, handle_ms, failed.error, self.handler, socket, self.context)
+                self.last_run.initialized = initializes
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
@@ -448,7 +448,7 @@ class Harness(Reports):
         sent = collect(socket, self.context, handle_ms, output, last.problems) if socket and socket.sent else None
         last.problems.extend(sent.problems if sent else ())  # the frontend's rules for chunks
         self._warn_problems(last.problems)
-        run = Run(output, stages, count, run_mode(stages), handle_ms, source=self.handler)
+        run = Run(output, stages, count, run_mode(stages), handle_ms, source=self.handler, initialized=initializes)
         if sent is not None:
             run.chunks, run.streams = sent.chunks, sent.streams
         self.last_run = run

@@ -157,6 +157,9 @@ class Run(Rendered):
             :class:`~handlerkit.streaming.RequestStream`: its chunks, time to first chunk,
             inter-chunk p50/p99.
         error: the :class:`~handlerkit.errors.StageError` ``handle`` raised; None when it returned.
+        initialized: whether ``initialize`` ran in this run (``h.run`` initializes first when
+            it has not succeeded); when not, ``stages["initialize"]`` is the earlier one the run
+            used, and the run's tables leave it out (:attr:`ran`).
     """
 
     output: Any
@@ -168,6 +171,7 @@ class Run(Rendered):
     chunks: list[Chunk] = field(default_factory=list)
     streams: list[RequestStream] = field(default_factory=list)
     error: StageError | None = None
+    initialized: bool = True
 
     @classmethod
     def failed(
@@ -194,6 +198,13 @@ class Run(Rendered):
     @property
     def timings(self) -> dict[str, float]:
         return {name: r.wall_ms for name, r in self.stages.items()}
+
+    @property
+    def ran(self) -> dict[str, StageResult]:
+        """The stages that ran in this run: :attr:`stages`, less an ``initialize`` from before it."""
+        if self.initialized:
+            return self.stages
+        return {name: r for name, r in self.stages.items() if name != "initialize"}
 
     @property
     def total_ms(self) -> float:
@@ -227,7 +238,7 @@ class Run(Rendered):
 
     def _tables(self) -> list[Table]:
         rows, inner = [], []
-        for name, r in self.stages.items():
+        for name, r in self.ran.items():
             tensors = list(iter_tensors(r.output, limit=9))
             bare = len(tensors) == 1 and tensors[0][0] == "<value>"
             shown = tensor_summary(r.output) if bare else describe(r.output)

@@ -313,5 +313,95 @@ def test_the_sequence_steppers_buttons_show_each_step_in_jupyterlab(tmp_path):
             click("step")
             _wait(driver, page_shows("step 1: 1 requests (0 joined, 1 continued, 1 left)", "context.cache after step 1"),
                   "step 1's row and the state after it", deadline)
+            _screenshot(driver, tmp_path, "sequence-stepper.png")
+        finally:
+            driver.quit()
+
+
+SCREEN = (1280, 800)  # a laptop's screen: the whole Stepper must fit in it
+
+# The Stepper's root widget in the page: the outermost widget box of the cell's output.
+STEPPER_BOX = """
+const root = document.querySelector('.jp-OutputArea-output .widget-box');
+if (!root) return null;
+const r = root.getBoundingClientRect();
+return {top: r.top, left: r.left, width: r.width, height: r.height,
+        innerWidth: window.innerWidth, innerHeight: window.innerHeight};
+"""
+
+# Where the result showing `arguments[0]` is: the innermost Output widget holding that text if
+# it is displayed (a hidden tab's is not), widened to its stage's pane when there is one, then
+# its pictures; null until there are `arguments[1]` rectangles and every picture is loaded.
+RESULT_PANE = """
+const [wanted, parts] = arguments;
+const outputs = [...document.querySelectorAll('.jp-OutputArea-output .widget-output')]
+  .filter(el => el.getClientRects().length && el.innerText.includes(wanted));
+const output = outputs.find(el => !outputs.some(other => other !== el && el.contains(other)));
+if (!output) return null;
+const pane = output.closest('.handlerkit-stage') || output;
+const images = [...pane.querySelectorAll('img')];
+if (images.length + 1 < parts || !images.every(img => img.complete)) return null;
+return [pane, ...images].map(el => el.getBoundingClientRect())
+  .map(r => ({top: r.top, bottom: r.bottom, left: r.left, right: r.right}));
+"""
+
+
+def _screenshot(driver, tmp: Path, name: str) -> Path:
+    """A screenshot of the window into ``tmp``, and into ``$HANDLERKIT_SCREENSHOTS`` when set (a
+    folder a person looks at)."""
+    path = tmp / name
+    driver.save_screenshot(str(path))
+    folder = os.environ.get("HANDLERKIT_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, Path(folder) / name)
+    return path
+
+
+def test_the_stepper_fits_one_screen_and_each_result_shows_where_its_button_is(tmp_path):
+    """At 1280x800, with the Stepper scrolled to the top of the notebook as a person looking at
+    it would: every stage clicked in turn shows its result (and its picture) inside the window,
+    and after all four the whole widget still fits in it. Screenshots: ``stepper-<stage>.png``
+    after each click, ``stepper.png`` at the end."""
+    _require_browser()
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + DEADLINE_S
+    width, height = SCREEN
+    with _jupyter_lab(tmp_path, deadline) as url:
+        driver = _chrome(tmp_path, deadline)
+        try:
+            # The page's own size, exactly (a window's size includes the browser's frame).
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+            driver.get(f"{url}/lab/tree/stepper.ipynb")
+            _wait(driver, lambda d: d.execute_script(KERNEL_READY), "the notebook and its kernel", deadline)
+            driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells');")
+            enabled = "//button[normalize-space()='{}' and not(@disabled)]"
+            _wait(driver, lambda d: d.find_elements(By.XPATH, enabled.format("preprocess")),
+                  "the Stepper's enabled preprocess button", deadline)
+            driver.execute_script(
+                "document.querySelector('.jp-OutputArea-output .widget-box').scrollIntoView({block: 'start'});")
+            problems = []
+            for stage in ("initialize", "preprocess", "inference", "postprocess"):
+                path = enabled.format(stage)
+                _wait(driver, lambda d, path=path: (d.find_elements(By.XPATH, path) or [None])[0],
+                      f"the enabled {stage} button", deadline).click()
+                time.sleep(0.25)  # the click reaches the kernel, which disables the buttons until the stage is done
+                _wait(driver, lambda d: d.find_elements(By.XPATH, enabled.format("run all")), f"{stage} to finish",
+                      deadline)
+                parts = 2 if stage in ("preprocess", "inference") else 1  # the pane, and its picture
+                rects = _wait(driver, lambda d, stage=stage, parts=parts: d.execute_script(RESULT_PANE, f"{stage} ok", parts),
+                              f"the {stage} pane showing its result", deadline)
+                _screenshot(driver, tmp_path, f"stepper-{stage}.png")
+                outside = [r for r in rects if r["top"] < 0 or r["bottom"] > height or r["left"] < 0 or r["right"] > width]
+                if outside:
+                    problems.append(f"{stage}: its result lies outside the {width}x{height} window: {outside}")
+            box = driver.execute_script(STEPPER_BOX)
+            shot = _screenshot(driver, tmp_path, "stepper.png")
+            assert (box["innerWidth"], box["innerHeight"]) == SCREEN, box
+            assert box["height"] <= height and box["width"] <= width, (
+                f"the Stepper is {box['width']:.0f}x{box['height']:.0f} px after four clicks; see {shot}")
+            assert not problems, "\n".join(problems)
         finally:
             driver.quit()

@@ -764,3 +764,24 @@ def test_a_streaming_run_failing_after_its_chunks_keeps_them_in_the_failed_run(t
     texts = run.stages["postprocess"].input  # what postprocess failed on: the whole texts
     assert ["".join(c.text for c in s.chunks) for s in run.streams] == texts
     assert "16 chunk(s)" in repr(run) and ", FAILED: postprocess failed" in repr(run)
+
+
+def test_a_run_lists_initialize_only_when_it_ran_in_it(tmp_path):
+    """h.run initializes first only when initialize has not succeeded: a later run's table
+    shows the stages it ran, not the initialize it used (notebook 01's Run table)."""
+    from _new_users import ranker_dir, ranker_request
+
+    h = hk.Harness.open(ranker_dir(tmp_path / "recs"))
+    batch = hk.batch(hk.Request.json(ranker_request(1, [3, 5])))
+    first = h.run(batch)  # initializes first: part of this run
+    second = h.run(batch)  # on the model the first loaded
+    assert first.initialized and list(first.ran) == ["initialize", "preprocess", "inference", "postprocess"]
+    assert not second.initialized and list(second.ran) == ["preprocess", "inference", "postprocess"]
+    assert second.stages["initialize"] is first.stages["initialize"]  # the one it used, still at hand
+    rows = lambda run: [line.split()[0] for line in str(run).splitlines() if line.strip()]  # each line's first word
+    assert "initialize" in rows(first) and "initialize" not in rows(second)
+    assert ">initialize<" in first._repr_mimebundle_()["text/html"]
+    assert ">initialize<" not in second._repr_mimebundle_()["text/html"]
+    with pytest.raises(StageError, match="inference failed"):
+        h.run(hk.batch(hk.Request.json(ranker_request(1, [45]))))  # an item id the embedding has not
+    assert not h.last_run.initialized and "initialize" not in rows(h.last_run)

@@ -8,7 +8,9 @@ does (tests/test_browser.py clicks one in real JupyterLab).
 from __future__ import annotations
 
 import datetime
+import json
 import logging
+import re
 import subprocess
 import sys
 import warnings
@@ -42,7 +44,7 @@ def image(name: str) -> hk.Request:
 
 def pane(stepper: Stepper, stage: str) -> str:
     text = stepper.text(stage)
-    assert text == output_text(stepper.outputs[stage].outputs)
+    assert text == output_text([*stepper.outputs[stage].outputs, *stepper.picture_outputs[stage].outputs])
     return text
 
 
@@ -308,9 +310,11 @@ def test_pictures_and_tensor_summaries_come_from_viz():
     stepper = Stepper(h, hk.batch(image("circle.png")))
     stepper.run_all_button.click()
     for stage in ("preprocess", "inference"):
-        outputs = stepper.outputs[stage].outputs
-        assert any("image/png" in o.get("data", {}) for o in outputs), stage
-        assert viz.summary(h.results[stage].output) in pane(stepper, stage)
+        [picture] = stepper.picture_outputs[stage].outputs  # beside the result, in the stage's tab
+        assert "image/png" in picture["data"], stage
+        assert viz.summary(h.results[stage].output) in output_text(stepper.outputs[stage].outputs)
+    # The postprocess tab shows the answer, not a picture redrawing inference's bars.
+    assert not any("image/png" in o.get("data", {}) for o in stepper.picture_outputs["postprocess"].outputs)
 
 
 def test_displays_as_its_root_widget():
@@ -366,3 +370,65 @@ def test_a_picture_that_cannot_be_drawn_leaves_a_note_with_the_reason(monkeypatc
     note = picture_output({1, 2})
     assert output_text([note]) == "no picture: nothing to draw in a <set>"
     assert "no picture: nothing to draw in a &lt;set&gt;" in note["data"]["text/html"]
+
+
+def test_a_click_shows_its_stage_tab_and_the_tabs_hold_the_rest():
+    h = harness(Strict)
+    stepper = Stepper(h, hk.batch(image("circle.png")), pictures=False)
+    assert stepper.tab_names == (
+        "initialize",
+        "preprocess",
+        "inference",
+        "postprocess",
+        "stream",
+        "wall time",
+        "device",
+        "compile",
+    )
+    shown = lambda: stepper.tab_names[stepper.tabs.selected_index]
+    stepper.buttons["initialize"].click()
+    assert shown() == "initialize"
+    stepper.buttons["preprocess"].click()
+    assert shown() == "preprocess"
+    stepper.run_all_button.click()
+    assert shown() == "postprocess"
+    stepper.select("device")
+    assert shown() == "device"
+    stepper.batch = hk.batch(image("circle.png"), hk.Request.from_file(BAD / "truncated.png"))
+    stepper.run_all_button.click()  # stops at the failing stage, whose tab stays shown
+    assert shown() == "preprocess" and "fix: " in pane(stepper, "preprocess")
+    with pytest.raises(ValueError, match=r"no 'timing' tab; the tabs are initialize, preprocess, .*, compile"):
+        stepper.select("timing")
+
+
+def test_the_postprocess_tab_shows_each_requests_answer_not_a_picture_again(tmp_path):
+    """A ranked list per request (a multi-input ranker): the answer in full, scores visible."""
+    from _new_users import ranker_dir, ranker_request
+
+    h = hk.Harness.open(ranker_dir(tmp_path / "recs"))
+    batch = hk.batch(hk.Request.json(ranker_request(1, [3, 5])), hk.Request.json(ranker_request(2, [7, 1, 4])))
+    stepper = Stepper(h, batch)
+    stepper.run_all_button.click()
+    answers = h.results["postprocess"].output
+    [answer] = stepper.picture_outputs["postprocess"].outputs  # text only: inference's picture is not redrawn
+    lines = output_text([answer]).splitlines()
+    assert lines[0] == "answer: what each of 2 request(s) gets"
+    assert lines[1:] == [f"request {i}: {json.dumps(a)}" for i, a in enumerate(answers)]
+    assert [len(a) for a in answers] == [2, 3] and '"score": ' in lines[2]
+    assert f"{json.dumps(answers[1])}</pre>" in answer["data"]["text/html"].replace("&quot;", '"')
+
+
+def test_a_bytes_answer_is_described_and_drawn(tmp_path):
+    """A PNG-bytes-out filter: the answer is what the client gets, a PNG, so it is drawn."""
+    pytest.importorskip("matplotlib")
+    from _new_users import image_filter_dir, png_bytes
+
+    model = image_filter_dir(tmp_path / "blur")
+    h = hk.Harness.open(model)
+    stepper = Stepper(h, hk.batch(hk.Request.from_bytes(png_bytes(24, 16), "image/png")))
+    stepper.run_all_button.click()
+    answer, picture = stepper.picture_outputs["postprocess"].outputs
+    assert re.fullmatch(
+        r"answer: what each of 1 request\(s\) gets\nrequest 0: PNG image, 24x16, \d+ B", output_text([answer])
+    )
+    assert "image/png" in picture["data"]

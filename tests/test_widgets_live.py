@@ -51,7 +51,9 @@ def test_each_chunk_reaches_its_request_s_pane_while_handle_still_runs():
         stepper.live.panes[0].observe(lambda change: values.append(change["new"]), names="value")
 
     stepper.live.start = start_and_watch
+    assert "click stream to run h.stream(batch)" in stepper.live.widget.children[0].value  # before the first
     run = stepper.stream()
+    assert stepper.tab_names[stepper.tabs.selected_index] == "stream"  # the live panes are shown as they fill
     assert run is h.last_run and run.output == ["done 0", "done 1"]
     assert seen_while_running == ["request 0: Hel\nstreaming… 1 chunk(s), the last at " + f"{run.chunks[0].time_ms:.1f} ms"]
     bodies = [v.split("<pre", 1)[1].split("</pre>")[0].split(">", 1)[1] for v in values]

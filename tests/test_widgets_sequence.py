@@ -32,6 +32,14 @@ def enabled(stepper: SequenceStepper) -> dict[str, bool]:
     return {name: not getattr(stepper, f"{name}_button").disabled for name in buttons}
 
 
+def step_text(stepper: SequenceStepper, index: int) -> str:
+    """Step ``index``'s rows in the steps pane (which shows the newest step first), after its
+    ``step N: `` title."""
+    steps = stepper.text("steps").split("\nstep ")
+    [text] = [s for s in steps if s.removeprefix("step ").startswith(f"{index}: ")]
+    return text.removeprefix("step ").removeprefix(f"{index}: ")
+
+
 def type_and_send(stepper: SequenceStepper, body: str) -> None:
     stepper.body.value = body
     stepper.send_button.click()
@@ -79,7 +87,7 @@ def test_a_stream_runs_on_then_cancel_marks_it_and_end_closes_the_sequence(seqs)
     stepper.step_button.click()
     first = seqs.jobs[0].sequence_id
     streamed = seqs.jobs[1]
-    last = stepper.text("steps").split("step 2: ")[1]
+    last = step_text(stepper, 2)
     assert last.startswith("3 requests (2 joined, 1 continued, 2 left)")
     assert [row.split()[-1] for row in last.splitlines()[-3:]] == ["on", "left", "left"]  # runs on, left, left
 
@@ -89,7 +97,7 @@ def test_a_stream_runs_on_then_cancel_marks_it_and_end_closes_the_sequence(seqs)
     assert step.cancelled == [streamed.request_id] and streamed.state == "cancelled"
     requests = stepper.text("requests")
     assert "cancelled" in requests and "done (its cancel)" in requests
-    cancel_rows = stepper.text("steps").split("step 3: ")[1].rstrip().splitlines()[-2:]
+    cancel_rows = step_text(stepper, 3).rstrip().splitlines()[-2:]
     assert [row.split()[-1] for row in cancel_rows] == ["cancelled", "left"]  # the stream, the cancel
 
     stepper.end_button.click()  # sends 0: the handler ends the first sequence
@@ -132,7 +140,7 @@ def test_refusals_and_missing_requests_are_shown_with_their_fix_and_never_raised
     type_and_send(stepper, "x")  # not a number: the handler fails the batch
     stepper.step_button.click()
     assert "preprocess" in stepper.text("message") and "ValueError" in stepper.text("message")
-    failed = stepper.text("steps").split(f"step {len(seqs.steps) - 1}: ")[1]
+    failed = step_text(stepper, len(seqs.steps) - 1)
     assert failed.startswith("1 requests (1 joined, 0 continued, 1 left), failed: ")
     assert failed.rstrip().splitlines()[-1].split()[-1] == "failed"  # the request's row
     assert seqs.jobs[-1].state == "failed"
@@ -196,3 +204,19 @@ def test_a_state_holding_tensors_shows_their_summaries_and_the_rest_as_it_is():
     sequence_id = seqs.jobs[0].sequence_id
     assert f"{sequence_id} dict(2 keys) 'state': Tensor[1, 1, 8] float32 cpu n=8 (32 B) min=0 max=0" in state
     assert state.endswith("all zeros; 'text': x")
+
+
+def test_each_click_shows_its_tab_and_the_newest_step_comes_first(seqs):
+    stepper = hk.Stepper(seqs, pictures=False)
+    assert stepper.tab_names == ("steps", "requests", "picture")
+    shown = lambda: stepper.tab_names[stepper.tabs.selected_index]
+    type_and_send(stepper, "3")
+    assert shown() == "requests" and "queued" in stepper.text("requests")
+    stepper.step_button.click()
+    type_and_send(stepper, "4")
+    stepper.step_button.click()
+    assert shown() == "steps"
+    assert stepper.text("steps").startswith("step 1: ") and "\nstep 0: " in stepper.text("steps")
+    assert stepper.text("state").startswith("context.cache after step 1")  # beside the steps, in their tab
+    with pytest.raises(ValueError, match=r"no 'state' tab; the tabs are steps, requests, picture"):
+        stepper.select("state")

@@ -3,7 +3,7 @@
 
 - :class:`Conditions`: what the timing was taken under (torch's CPU threads, the usable cores,
   the 1-minute load), measured before the timed calls, and the warning when they spoil the
-  numbers, given once and kept in the report's notes and JSON;
+  numbers, said once: in the report's notes (and its JSON), beside the numbers it qualifies;
 - :func:`fastest`: which of several timings is fastest, declared only when its lead is beyond
   the run's own spread (p25-p75), so two runs a minute apart do not name different winners
   from the same noise.
@@ -11,14 +11,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from handlerkit import devices
-from handlerkit._stack import user_stacklevel
-from handlerkit.errors import HandlerkitWarning
 
 __all__ = ["MIN_SAMPLES", "Conditions", "Fastest", "Spread", "fastest", "spread"]
 
@@ -130,11 +127,14 @@ class Conditions:
         return [f"torch: {self.threads}", *([self.warning] if self.warning else [])]
 
     def report(self, notes: list[str]) -> None:
-        """Add :meth:`notes` to a timed report's ``notes`` and give the warning
-        (a :class:`~handlerkit.errors.HandlerkitWarning`) when there is one."""
+        """Add :meth:`notes` to a timed report's ``notes``, the warning among them.
+
+        Not a ``HandlerkitWarning`` as well: the report is what shows the numbers, so the one
+        place the warning is read is beside them. Given both, a notebook showed it twice (the
+        stderr line, then the report's note: issue 28, notebook 01's ``h.time``), and a
+        terminal too (stderr, then the report on stdout).
+        """
         notes.extend(self.notes())
-        if self.warning:
-            warnings.warn(f"handlerkit: {self.warning}", HandlerkitWarning, stacklevel=user_stacklevel())
 
     def to_dict(self) -> dict[str, Any]:
         return self.threads.to_dict()

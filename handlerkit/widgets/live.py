@@ -15,6 +15,7 @@ from typing import Any
 __all__ = ["LivePanes"]
 
 _MUTED = "color:#777"
+_BEFORE = "click stream to run h.stream(batch): each request's chunks appear here as the handler sends them"
 
 
 class LivePanes:
@@ -26,7 +27,8 @@ class LivePanes:
 
     def __init__(self, widgets: Any) -> None:
         self._w = widgets
-        self.widget = widgets.VBox()
+        # Until the first stream, the pane says what will appear in it (it is a tab of its own).
+        self.widget = widgets.VBox([widgets.HTML(f"<div style='{_MUTED}'>{html.escape(_BEFORE)}</div>")])
         self.panes: list[Any] = []
         self._parts: list[list[str]] = []  # per request: what its chunks said, in order
         self._first_ms: list[float | None] = []

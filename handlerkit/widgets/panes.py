@@ -12,14 +12,17 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from handlerkit.errors import StageError
+from handlerkit.summaries import summary
 
 __all__ = [
+    "answer_outputs",
     "bundle_output",
     "compile_html",
     "error_output",
@@ -31,7 +34,10 @@ __all__ = [
     "timing_html",
 ]
 
+PANE_HEIGHT = "480px"  # a Stepper tab's most (it scrolls inside): with the buttons, one 1280x800 screen
 _BAR_PX = 220  # the longest timing bar
+_ANSWER_CHARS = 1200  # of one request's answer, shown; the result keeps it whole
+_ANSWERS_SHOWN = 16  # requests whose answer is shown
 _OK, _FAILED = "#4c78a8", "#d62728"
 
 
@@ -95,6 +101,50 @@ def picture_output(obj: Any) -> dict[str, Any]:
         return html_output(
             f"<div style='color:#777'>no picture: {html.escape(message)}</div>", f"no picture: {message}"
         )
+
+
+def answer_outputs(answer: Any, *, pictures: bool = True) -> list[dict[str, Any]]:
+    """The answer each request gets (``postprocess``'s list, one item per request), as the
+    worker sends it: a ``str`` as is, anything else as JSON; a ``bytes`` answer (a filter's
+    PNG) by its size, then drawn by :func:`picture_output` when ``pictures``.
+
+    Shown in place of a picture of the postprocess output, which would redraw inference's.
+    """
+    items = list(enumerate(answer)) if isinstance(answer, list) else [(None, answer)]
+    title = f"answer: what each of {len(items)} request(s) gets" if isinstance(answer, list) else "answer"
+    parts, text, drawn = [f"<div><b>{html.escape(title)}</b></div>"], [title], []
+    for index, item in items[:_ANSWERS_SHOWN]:
+        label = "" if index is None else f"request {index}: "
+        body = _answer_text(item)
+        if isinstance(item, (bytes, bytearray)) and pictures:
+            drawn.append(item)
+        parts.append(
+            f"<div style='margin-top:4px'><b>{html.escape(label)}</b>"
+            f"<pre style='white-space:pre-wrap;word-break:break-word;margin:0'>{html.escape(body)}</pre></div>"
+        )
+        text.append(f"{label}{body}")
+    if len(items) > _ANSWERS_SHOWN:
+        more = f"… and {len(items) - _ANSWERS_SHOWN} more request(s): h.results['postprocess'].output holds them all"
+        parts.append(f"<div style='color:#777'>{html.escape(more)}</div>")
+        text.append(more)
+    return [html_output("".join(parts), "\n".join(text)), *(picture_output(item) for item in drawn)]
+
+
+def _answer_text(item: Any) -> str:
+    if isinstance(item, (bytes, bytearray)):
+        from handlerkit.cli.run import describe_bytes  # one description of a bytes answer, the CLI's
+
+        return describe_bytes(bytes(item))
+    if isinstance(item, str):
+        text = item
+    else:
+        try:
+            text = json.dumps(item, ensure_ascii=False)
+        except (TypeError, ValueError):  # not JSON (a tensor): the harness's contract check says so
+            text = summary(item)
+    if len(text) > _ANSWER_CHARS:
+        return f"{text[:_ANSWER_CHARS]}… ({len(text)} characters)"
+    return text
 
 
 def error_output(stage: str, exc: BaseException, *, unexpected: bool = False) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from handlerkit.requests import Request
 from handlerkit.sequences import Job, Sequences, Step
 from handlerkit.summaries import describe, iter_tensors, summary
 from handlerkit.widgets import panes
+from handlerkit.widgets.panes import PANE_HEIGHT
 
 __all__ = ["SequenceStepper"]
 
@@ -117,21 +118,37 @@ class SequenceStepper:
         header = w.HTML(
             f"<b>Stepper</b> &middot; {html.escape(seqs.harness.name)} &middot; {mode}, batchSize {seqs.batch_size}"
         )
+        # Tabs under the buttons, as the stage Stepper has (issue 28): the widget keeps one
+        # height however many steps ran, and what a click made is where the person looks. The
+        # steps tab shows the newest step first, the handler's state after the chosen step beside.
+        state = w.VBox(
+            [w.HBox([self.step_picker, self.draw_state]), self.outputs["state"]],
+            layout=w.Layout(flex="0 1 auto", max_width="50%"),
+        )
+        steps = w.VBox([self.outputs["steps"]], layout=w.Layout(flex="1 1 0", min_width="0"))
+        tabs = {
+            "steps": w.HBox([steps, state]),
+            "requests": w.Box([self.outputs["requests"]]),
+            "picture": w.Box([self.outputs["picture"]]),
+        }
+        for pane in tabs.values():
+            pane.layout.max_height, pane.layout.overflow = PANE_HEIGHT, "auto"
+            pane.add_class("handlerkit-stage")
+        self.tab_names: tuple[str, ...] = tuple(tabs)
+        self.tabs = w.Tab(children=list(tabs.values()), titles=self.tab_names)
+        compact = w.Layout(width="auto")
+        for button in (self.send_button, self.step_button, self.run_button, self.end_button, self.cancel_button):
+            button.layout = compact
         self.widget = w.VBox(
             [
                 header,
-                w.HBox([self.body, self.target, self.send_button]),
+                w.HBox([self.body, self.target, self.send_button], layout=w.Layout(flex_flow="row wrap")),
                 w.HBox([self.step_button, self.run_button, self.end_button, self.cancel_button]),
                 self.outputs["message"],
-                w.HTML("<b>steps</b>"),
-                self.outputs["steps"],
-                w.HTML("<b>requests</b>"),
-                self.outputs["requests"],
-                w.HBox([self.step_picker, self.draw_state]),
-                self.outputs["state"],
-                self.outputs["picture"],
+                self.tabs,
             ]
         )
+        self.widget.add_class("handlerkit-stepper")
 
     @staticmethod
     def _tooltip(what: str, request: Request | None) -> str:
@@ -141,6 +158,12 @@ class SequenceStepper:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
+
+    def select(self, tab: str) -> None:
+        """Show one tab: ``steps`` (with the state beside), ``requests`` or ``picture``."""
+        if tab not in self.tab_names:
+            raise ValueError(f"no {tab!r} tab; the tabs are {', '.join(self.tab_names)}")
+        self.tabs.selected_index = self.tab_names.index(tab)
 
     def text(self, pane: str) -> str:
         """What a pane shows, as text (``message``, ``steps``, ``requests``, ``state``, ``picture``)."""
@@ -153,7 +176,7 @@ class SequenceStepper:
         """Queue a request made from ``body`` (default: the text box) into the chosen sequence,
         or a new one; returns its Job (None when the frontend refused it: the message pane says why)."""
         text = self.body.value if body is None else body
-        return self._act("send", lambda: self._send(self.make_request(text)))
+        return self._act("send", lambda: self._send(self.make_request(text)), show="requests")
 
     def step(self) -> Step | None:
         """One worker call (``seqs.step()``); None when there was no work or the batch failed."""
@@ -172,7 +195,8 @@ class SequenceStepper:
         the streams its handler stops in that step are marked cancelled."""
         return self._act("cancel", lambda: self._send_and_step("cancel", self.cancel_request))
 
-    def _act(self, what: str, action: Callable[[], Any]) -> Any:
+    def _act(self, what: str, action: Callable[[], Any], show: str = "steps") -> Any:
+        self.select(show)  # where what the click makes appears
         self._busy = True
         self._set_enabled()
         self.outputs["message"].outputs = ()
@@ -230,9 +254,9 @@ class SequenceStepper:
         self.target.options = [NEW, *open_ids]
         self.target.value = keep if keep in open_ids else NEW
         shown = seqs.steps[-MAX_STEPS:]
-        outs = [panes.bundle_output(step) for step in shown]
+        outs = [panes.bundle_output(step) for step in reversed(shown)]  # the newest first: under the buttons
         if len(shown) < len(seqs.steps):
-            outs.insert(0, panes.stream_output(f"the last {len(shown)} of {len(seqs.steps)} steps\n"))
+            outs.append(panes.stream_output(f"the last {len(shown)} of {len(seqs.steps)} steps, the newest first\n"))
         self.outputs["steps"].outputs = tuple(outs) or (panes.stream_output("no step has run yet\n"),)
         self.outputs["requests"].outputs = (_requests_output(seqs.jobs),)
         options = [(f"step {s.index}", s.index) for s in seqs.steps]

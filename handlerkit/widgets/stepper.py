@@ -31,16 +31,23 @@ from handlerkit.requests import Request
 from handlerkit.sequences import Sequences
 from handlerkit.widgets import panes
 from handlerkit.widgets.live import LivePanes
+from handlerkit.widgets.panes import PANE_HEIGHT
 from handlerkit.widgets.sequence import SequenceStepper
 
 __all__ = ["Stepper"]
 
 STAGES = ("initialize", "preprocess", "inference", "postprocess")
+_ANSWERS = ("postprocess", "handle")  # stages whose output is the answer a client gets
 _NEEDS_BATCH = "add a request with the upload button, or set stepper.batch = hk.batch(...)"
 
 
 class Stepper:
-    """An ipywidgets UI over a Harness: a button and an output pane per stage.
+    """An ipywidgets UI over a Harness: a button and a tab per stage.
+
+    The buttons sit in one row over a ``Tab``: a click selects its stage's tab, where the
+    result appears (its table, logs and warnings on the left; its picture, or for
+    ``postprocess`` the answer each request gets, on the right). The stream, wall time,
+    device and compile views are tabs too, so the widget stays within one screen.
 
     Args:
         harness: the :class:`~handlerkit.Harness` the buttons drive.
@@ -51,11 +58,15 @@ class Stepper:
     Attributes:
         buttons: stage → ``Button``; ``run_all_button``, ``reset_button``.
         outputs: stage → ``Output`` holding the stage's result (with its tensor summaries),
-            logs and warnings, and picture; or its error and fix.
+            logs and warnings; or its error and fix.
+        picture_outputs: stage → ``Output`` beside it: the stage's picture (``hk.show``), or
+            for ``postprocess`` (and ``handle``) the answer each request gets.
+        tabs: the ``Tab`` (``tab_names``: the stages, ``stream``, ``wall time``, ``device``,
+            ``compile``); :meth:`select` shows one.
         upload: a ``FileUpload``; each file becomes a request added to the batch.
         batch_size: an ``HTML`` widget saying how many requests the batch holds; ``status``
             says what is running or what an upload added.
-        timing: an ``HTML`` widget with each stage's wall time as a bar.
+        timing: an ``HTML`` widget with each stage's wall time as a bar (the ``wall time`` tab).
         device_output / compile_output: the device report and the compile report.
         compile_button: runs ``h.compile_report(batch)`` into ``compile_output``.
         stream_button: runs ``h.stream(batch)`` (:meth:`stream`); ``live`` holds a pane per
@@ -93,20 +104,24 @@ class Stepper:
     # -- layout --------------------------------------------------------------------------
     def _build(self) -> None:
         w = self._w
-        self.buttons = {s: w.Button(description=s, tooltip=self._tooltip(s)) for s in self.stages}
+        compact = w.Layout(width="auto")  # a button as wide as its word: the row fits the output area
+        self.buttons = {s: w.Button(description=s, tooltip=self._tooltip(s), layout=compact) for s in self.stages}
         for stage, button in self.buttons.items():
             button.on_click(lambda _b, stage=stage: self.run(stage))
         self.run_all_button = w.Button(
             description="run all",
             button_style="primary",
             tooltip="run every stage in order, stopping at the first failure",
+            layout=compact,
         )
         self.run_all_button.on_click(lambda _b: self.run_all())
         self.reset_button = w.Button(
-            description="reset", tooltip="drop the results after initialize and the uploaded requests"
+            description="reset", tooltip="drop the results after initialize and the uploaded requests", layout=compact
         )
         self.reset_button.on_click(lambda _b: self.reset())
-        self.stream_button = w.Button(description="stream", tooltip="h.stream(batch): each chunk shown as it is sent")
+        self.stream_button = w.Button(
+            description="stream", tooltip="h.stream(batch): each chunk shown as it is sent", layout=compact
+        )
         self.stream_button.on_click(lambda _b: self.stream())
         self.live = LivePanes(w)
         self.upload = w.FileUpload(description="add request", multiple=True, accept="")
@@ -115,32 +130,60 @@ class Stepper:
         self.status = w.HTML()
         self.timing = w.HTML()
         self.outputs = {s: w.Output() for s in self.stages}
+        self.picture_outputs = {s: w.Output() for s in self.stages}
         self._titles = {s: w.HTML() for s in self.stages}
         self.device_output = w.Output()
         self.compile_decision = w.HTML()
         self.compile_button = w.Button(
-            description="compile report", tooltip="h.compile_report(batch): compiles and runs the batch"
+            description="compile report", tooltip="h.compile_report(batch): compiles and runs the batch", layout=compact
         )
         self.compile_button.on_click(lambda _b: self.compile_report())
         self.compile_output = w.Output()
-        panels = w.Accordion(
-            children=[self.device_output, w.VBox([self.compile_decision, self.compile_button, self.compile_output])],
-            titles=("device", "compile"),
-        )
+        # One tab per stage, so a result appears right under the buttons, in the tab its click
+        # selects, and the widget keeps one height however many stages ran (issue 28: four
+        # stacked panes made a 2,000-px column). Each stage's tab holds its result, logs and
+        # warnings on the left and its picture (or the answer) on the right.
+        tabs = {
+            stage: self._pane(self.outputs[stage], self.picture_outputs[stage], self._titles[stage])
+            for stage in self.stages
+        }
+        tabs["stream"] = self._pane(self.live.widget)
+        tabs["wall time"] = self._pane(self.timing)
+        tabs["device"] = self._pane(self.device_output)
+        tabs["compile"] = self._pane(w.VBox([self.compile_decision, self.compile_button, self.compile_output]))
+        self.tab_names: tuple[str, ...] = tuple(tabs)
+        self.tabs = w.Tab(children=list(tabs.values()), titles=self.tab_names)
         header = w.HTML(f"<b>Stepper</b> &middot; {html.escape(self.harness.name)}{self._note()}")
-        stage_boxes = [w.VBox([self._titles[s], self.outputs[s]]) for s in self.stages]
         self.widget = w.VBox(
             [
                 header,
-                w.HBox([*self.buttons.values(), self.run_all_button, self.stream_button, self.reset_button]),
-                w.HBox([self.upload, self.batch_size]),
-                self.status,
-                self.live.widget,
-                self.timing,
-                *stage_boxes,
-                panels,
+                w.HBox(
+                    [*self.buttons.values(), self.run_all_button, self.stream_button, self.reset_button],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                w.HBox([self.upload, self.batch_size, self.status], layout=w.Layout(align_items="center")),
+                self.tabs,
             ]
         )
+        self.widget.add_class("handlerkit-stepper")
+
+    def _pane(self, main: Any, side: Any = None, title: Any = None) -> Any:
+        """A tab's content: ``main`` (under ``title``), and ``side`` beside it; never taller than
+        :data:`PANE_HEIGHT` (it scrolls inside), so the whole Stepper stays within one screen."""
+        w = self._w
+        main_box = w.VBox([title, main] if title is not None else [main], layout=w.Layout(flex="1 1 0", min_width="0"))
+        children = (
+            [main_box] if side is None else [main_box, w.Box([side], layout=w.Layout(flex="0 1 auto", max_width="50%"))]
+        )
+        pane = w.HBox(children, layout=w.Layout(max_height=PANE_HEIGHT, overflow="auto"))
+        pane.add_class("handlerkit-stage")
+        return pane
+
+    def select(self, tab: str) -> None:
+        """Show one tab: a stage's (what its button does), ``stream``, ``wall time``, ``device`` or ``compile``."""
+        if tab not in self.tab_names:
+            raise ValueError(f"no {tab!r} tab; the tabs are {', '.join(self.tab_names)}")
+        self.tabs.selected_index = self.tab_names.index(tab)
 
     def _tooltip(self, stage: str) -> str:
         if stage == "handle":
@@ -222,6 +265,7 @@ class Stepper:
         """
         if stage not in self.stages:
             raise ValueError(f"no {stage!r} button; the stages are {', '.join(self.stages)}")
+        self.select(stage)  # its result appears where the person looks: under the buttons
         self._busy = True
         self._forget_errors()
         self._set_enabled()
@@ -253,6 +297,7 @@ class Stepper:
                 f"<span style='color:#d62728'>streaming needs a batch: {html.escape(_NEEDS_BATCH)}</span>"
             )
             return None
+        self.select("stream")
         self._busy = True
         self._set_enabled()
         self.status.value = "<span>streaming…</span>"
@@ -289,10 +334,11 @@ class Stepper:
         return getattr(h, stage)()
 
     def text(self, stage: str) -> str:
-        """What the stage's pane shows, as text (its result or error and fix, logs, warnings)."""
+        """What the stage's tab shows, as text: its result or error and fix, logs, warnings,
+        then its picture's size (or the answer, for ``postprocess`` and ``handle``)."""
         if stage not in self.outputs:
             raise ValueError(f"no {stage!r} pane; the stages are {', '.join(self.stages)}")
-        return panes.output_text(self.outputs[stage].outputs)
+        return panes.output_text([*self.outputs[stage].outputs, *self.picture_outputs[stage].outputs])
 
     def run_all(self) -> None:
         """Initialize when it has not succeeded, then every stage in order; stop at a failure."""
@@ -312,6 +358,7 @@ class Stepper:
 
     def compile_report(self) -> Any:
         """``h.compile_report(batch)`` shown in the compile panel (compiling takes a while)."""
+        self.select("compile")
         self.compile_output.outputs = (panes.stream_output("compiling and running the batch…\n"),)
         self._busy = True
         self._set_enabled()
@@ -367,6 +414,7 @@ class Stepper:
     def _draw(self, stage: str, result: Any) -> None:
         self._shown[stage] = result
         title = self._titles[stage]
+        self.picture_outputs[stage].outputs = ()
         if result is None:
             title.value = f"<b>{stage}</b> <span style='color:#777'>not run</span>"
             self.outputs[stage].outputs = ()
@@ -388,12 +436,17 @@ class Stepper:
         logs = panes.logs_output(result.logs, [*result.warnings, *extra])
         if logs is not None:
             outs.append(logs)
-        if result.ok and self.pictures and stage != "initialize":
-            outs.append(panes.picture_output(result))
         self.outputs[stage].outputs = tuple(outs)
+        if not result.ok or stage == "initialize":
+            return
+        if stage in _ANSWERS:  # what the client gets; a picture of it would redraw inference's
+            self.picture_outputs[stage].outputs = tuple(panes.answer_outputs(result.output, pictures=self.pictures))
+        elif self.pictures:
+            self.picture_outputs[stage].outputs = (panes.picture_output(result),)
 
     def _show_error(self, stage: str, exc: BaseException, *, unexpected: bool) -> None:
         self._shown[stage] = exc
+        self.picture_outputs[stage].outputs = ()
         self._titles[stage].value = f"<b>{stage}</b> <span style='color:#d62728'>failed</span>"
         self.outputs[stage].outputs = (panes.error_output(stage, exc, unexpected=unexpected),)
 
