@@ -1,4 +1,5 @@
-"""The tutorial notebooks are committed executed, in order, without errors.
+"""The tutorial notebooks are committed executed, in order, without errors, frozen progress
+bars or a warning said twice.
 
 nbval (``pytest notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg``) re-runs each
 notebook and compares the fresh outputs with the stored ones; that only means something when
@@ -97,3 +98,83 @@ def test_sanitize_patterns_parse_and_compile():
     assert pairs, f"{SANITIZE} holds no 'regex:' / 'replace:' pairs"
     for regex, _ in pairs:
         re.compile(regex)
+
+
+def _output_texts(output: dict) -> list[str]:
+    """The text an output shows: a stream's, or each text/* representation's."""
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")
+        return ["".join(text) if isinstance(text, list) else text]
+    texts = []
+    for mime, value in output.get("data", {}).items():
+        if mime.startswith("text/"):
+            texts.append("".join(value) if isinstance(value, list) else value)
+    return texts
+
+
+# tqdm's bar as its text twin shows it: "  0%|          | 0/12 [00:00<?, ?it/s]"
+_PROGRESS_BAR = re.compile(r"\d+%\|.*\|\s*\d+/\d+")
+# a warning as Python prints it on stderr: "<file>:<line>: SomeWarning: message"
+_WARNING_LINE = re.compile(r"^\S.*?:\d+: (\w*Warning): (?:handlerkit: )?(.+)$", flags=re.MULTILINE)
+
+
+def progress_bars(nb: dict) -> list[str]:
+    """'cell N: <the bar>' for each progress bar kept in a notebook's outputs."""
+    found = []
+    for index, cell in enumerate(_code_cells(nb)):
+        for output in cell.get("outputs", []):
+            found += [f"cell {index}: {m.group(0)}" for t in _output_texts(output) for m in _PROGRESS_BAR.finditer(t)]
+    return found
+
+
+def repeated_warnings(nb: dict) -> list[str]:
+    """'cell N: <message>' for each warning on a cell's stderr that the cell's outputs say again
+    (a second time on stderr, or in a table's notes)."""
+    found = []
+    for index, cell in enumerate(_code_cells(nb)):
+        outputs = cell.get("outputs", [])
+        stderr = "".join(
+            t
+            for o in outputs
+            if o.get("output_type") == "stream" and o.get("name") == "stderr"
+            for t in _output_texts(o)
+        )
+        shown = "\n".join(t for o in outputs for t in _output_texts(o))
+        for match in _WARNING_LINE.finditer(stderr):
+            message = match.group(2).strip()
+            if shown.count(message) > 1:
+                found.append(f"cell {index}: {message}")
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_progress_bars_in_outputs(path):
+    bars = progress_bars(_load(path))
+    assert not bars, (
+        f"{path.name} keeps progress bars in its outputs, frozen where the run left them: {bars[:3]}; "
+        "execute the notebooks with HANDLERKIT_PROGRESS=0 (tests/conftest.py sets it for nbval), or pass progress=False"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_warning_said_twice(path):
+    repeated = repeated_warnings(_load(path))
+    assert not repeated, (
+        f"{path.name}: a warning is shown twice in one cell's outputs: {repeated[:3]}; say it once "
+        "(on stderr or in the report's notes, not both)"
+    )
+
+
+def test_the_output_checks_can_fail():
+    bar = {"output_type": "stream", "name": "stderr", "text": "  0%|          | 0/12 [00:00<?, ?it/s]"}
+    warned = {
+        "output_type": "stream",
+        "name": "stderr",
+        "text": "/tmp/ipykernel_1/2.py:2: HandlerkitWarning: handlerkit: the load is 4.7\n  h.time(batch)\n",
+    }
+    noted = {"output_type": "execute_result", "data": {"text/plain": "timing\nnote: the load is 4.7"}}
+    nb = {"cells": [{"cell_type": "code", "outputs": [bar]}, {"cell_type": "code", "outputs": [warned, noted]}]}
+    assert progress_bars(nb) == ["cell 0: 0%|          | 0/12"]
+    assert repeated_warnings(nb) == ["cell 1: the load is 4.7"]
+    once = {"cells": [{"cell_type": "code", "outputs": [warned]}]}
+    assert repeated_warnings(once) == []
