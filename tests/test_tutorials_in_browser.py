@@ -15,8 +15,8 @@ checked:
 One failure lists every offender. Same needs and skip rule as ``test_browser.py`` (marker
 ``browser``; ``HANDLERKIT_REQUIRE_BROWSER=1`` makes a missing browser a failure).
 
-The helpers (``lab_with_notebooks``, ``open_notebook``, ``screenshot_notebook``) also serve
-``docs/screenshots/shoot.py``, which crops single cells for the docs.
+The helpers (``lab_with_notebooks``, ``open_notebook``, ``full_length``, ``screenshot``,
+``cell_box``) also serve ``docs/screenshots/shoot.py``, which crops single cells for the docs.
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ BLANK = 0.98  # share of one colour that makes a picture blank
 
 # Every cell in the DOM (JupyterLab 4 otherwise attaches or paints only the cells in view), no
 # "show more outputs" cut, no empty screen after the last cell.
-SETTINGS = {
-    "notebook-extension/tracker": {"windowingMode": "none", "maxNumberOutputs": 10_000, "scrollPastEnd": False},
-}
+SETTINGS = {"notebook-extension/tracker": {"windowingMode": "none", "maxNumberOutputs": 10_000, "scrollPastEnd": False}}
 
 # Opens a notebook without starting its kernel: nothing is run, its saved outputs are the page.
 OPEN = """
@@ -57,8 +55,9 @@ const app = window.jupyterapp;
 const factory = app.docRegistry.getWidgetFactory('Notebook');
 factory._preferKernel = false;
 factory._canStartKernel = false;
-app.commands.execute('application:close-all')
-  .then(() => app.commands.execute('docmanager:open', {path, factory: 'Notebook'}))
+// The last notebook goes without a "save changes?" dialog (JupyterLab may mark one it normalised as changed).
+for (const widget of [...app.shell.widgets('main')]) widget.dispose();
+app.commands.execute('docmanager:open', {path, factory: 'Notebook'})
   .then(() => done(null), (e) => done(String(e)));
 """
 
@@ -106,10 +105,11 @@ panel.content.widgets.forEach((cell, index) => {
       const columns = Math.floor(pre.clientWidth / column);
       const lines = pre.textContent.split('\n');
       const longest = Math.max(...lines.map((line) => line.length));
-      if (longest > columns) {
-        const wrapped = lines.filter((line) => line.length > columns).length;
-        found.push({index, kind: 'overflow', detail:
-          `${wrapped} line(s) of text up to ${longest} columns wrap in an area of ${columns} columns`});
+      const wrapped = lines.filter((line) => line.length > columns);
+      if (wrapped.length) {
+        const example = wrapped[0].trim().slice(0, 40);
+        found.push({index, kind: 'overflow', detail: `${wrapped.length} line(s) of text up to ${longest} columns ` +
+          `wrap in an area of ${columns} columns, e.g. "${example}…"`});
       }
     });
     const prose = [];
@@ -139,14 +139,9 @@ def lab_with_notebooks(tmp: Path, deadline: float) -> Iterator[tuple[str, object
     """One JupyterLab serving a copy of ``notebooks/`` (so nothing in the repository is touched)
     and one headless Chromium ``WIDTH`` px wide on it; yields ``(url, driver)``."""
     with _jupyter_lab(tmp, deadline, source="") as url:
-        import nbformat
-        from nbformat.sign import NotebookNotary
-
-        # Trusted, as a notebook its user ran is: JupyterLab sanitizes an untrusted one's HTML.
-        notary = NotebookNotary(data_dir=str(tmp / "jupyter_data_dir"))
         for name in notebooks():
             shutil.copy(NOTEBOOKS / name, tmp / "root" / name)
-            notary.sign(nbformat.read(NOTEBOOKS / name, as_version=4))
+            trust(tmp, tmp / "root" / name)
         # The server reads user settings on every request, so these count from the page's load on.
         settings = tmp / "jupyter_config_dir" / "lab" / "user-settings" / "@jupyterlab"
         for plugin, values in SETTINGS.items():
@@ -168,6 +163,15 @@ def lab_with_notebooks(tmp: Path, deadline: float) -> Iterator[tuple[str, object
             driver.quit()
 
 
+def trust(tmp: Path, path: Path) -> None:
+    """Trust the notebook at ``path`` in the server ``lab_with_notebooks(tmp)`` started, as a
+    notebook its user ran is trusted: JupyterLab strips an untrusted one's ``<style>``."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    NotebookNotary(data_dir=str(tmp / "jupyter_data_dir")).sign(nbformat.read(path, as_version=4))
+
+
 def open_notebook(driver, name: str, deadline: float) -> None:
     """Show notebook ``name`` (no kernel) with every cell rendered."""
     error = driver.execute_async_script(OPEN, name)
@@ -178,13 +182,19 @@ def open_notebook(driver, name: str, deadline: float) -> None:
 
 def _settle(driver, deadline: float) -> None:
     """Wait until the notebook's height stops changing (markdown, fonts and pictures laid out)."""
-    script = "return window.jupyterapp.shell.currentWidget.content.node.scrollHeight"
+    script = "return window.jupyterapp.shell.currentWidget.content.node.querySelector('.jp-WindowedPanel-outer').scrollHeight"
     last, steady = -1, 0
     while steady < 3 and time.monotonic() < deadline:
         height = driver.execute_script(script)
         steady = steady + 1 if height == last else 0
         last = height
         time.sleep(0.1)
+
+
+LAID_OUT = """
+const outer = window.jupyterapp.shell.currentWidget.content.node.querySelector('.jp-WindowedPanel-outer');
+return outer.clientHeight >= outer.scrollHeight;
+"""
 
 
 @contextlib.contextmanager
@@ -197,7 +207,10 @@ def full_length(driver) -> Iterator[None]:
     metrics = {"width": WIDTH, "height": int(height), "deviceScaleFactor": 1, "mobile": False}
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
     try:
-        time.sleep(0.3)  # JupyterLab lays itself out again on the resize, in an animation frame
+        # JupyterLab lays itself out again on the resize, in an animation frame: wait for the notebook's full length.
+        until = time.monotonic() + 10
+        while time.monotonic() < until and not driver.execute_script(LAID_OUT):
+            time.sleep(0.05)
         yield
     finally:
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
@@ -246,22 +259,80 @@ def problems(driver) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
+def _png(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _planted_notebook(path: Path) -> None:
+    """A notebook with one of each problem the test looks for, and a cell of each done right."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+    from PIL import Image
+
+    def cell(*outputs):
+        return new_code_cell("x", outputs=list(outputs))
+
+    def shown(data):
+        return new_output("display_data", data={**data, "text/plain": "x"})
+
+    gradient = Image.linear_gradient("L").resize((600, 100)).convert("RGB")
+    # JupyterLab's own rule, :not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td, weighs (0, 2, 1).
+    scoped = "<style>.jp-RenderedHTMLCommon table.ok td { text-align: left; }</style>"
+    table = "<table class='ok'><tr><td>{}</td><td>12.5 ms</td><td>3,072</td><td>—</td></tr></table>"
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# planted"),
+            cell(shown({"image/png": _png(gradient.resize((2000, 100)))})),  # 1: shrunk to fit
+            cell(shown({"image/png": _png(Image.new("RGB", (300, 100), "white"))})),  # 2: blank
+            cell(shown({"text/html": table.replace(" class='ok'", "").format("a fix in words")})),  # 3: flush right
+            cell(shown({"text/html": "<div style='width: 2000px'>wide</div>"})),  # 4: a scroll bar
+            cell(new_output("stream", name="stdout", text="a long line " * 30 + "\nshort\n")),  # 5: wraps
+            cell(shown({"image/png": _png(gradient)}), shown({"text/html": scoped + table.format("a fix in words")})),
+        ]
+    )
+    nbformat.write(nb, path)
+
+
+PLANTED = [
+    r"cell 1: overflow: a picture 2000 px wide shown at \d+ % \(\d+ px\)",
+    r"cell 2: blank picture: 100.0 % of its pixels are one colour",
+    r'cell 3: right-aligned: 1 table cell\(s\) of text, e.g. "a fix in words"',
+    r"cell 4: overflow: an output 20\d\d px wide in an area of \d+ px",
+    r'cell 5: overflow: 1 line\(s\) of text up to 360 columns wrap in an area of \d+ columns, e.g. "a long line a long line a long line a lo…"',
+]
+
+
 def test_every_tutorial_reads_well_in_jupyterlab(tmp_path):
+    """Every tutorial at 1280 px: no output wider than its area, no prose flush right, no blank
+    picture. First a planted notebook proves each check finds what it looks for."""
     _require_browser()
+    import re
+
     started = time.monotonic()
     deadline = started + DEADLINE_S
     report: dict[str, list[str]] = {}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with lab_with_notebooks(tmp_path, deadline) as (_url, driver):
+        _planted_notebook(tmp_path / "root" / "planted.ipynb")
+        trust(tmp_path, tmp_path / "root" / "planted.ipynb")
+        open_notebook(driver, "planted.ipynb", deadline)
+        planted = problems(driver)
+        assert len(planted) == len(PLANTED) and all(map(re.fullmatch, PLANTED, planted)), (
+            "the checks must find exactly the planted problems; they found:\n" + "\n".join(planted)
+        )
         for name in notebooks():
             open_notebook(driver, name, deadline)
+            report[name] = problems(driver)  # in a window 1280 px wide, the notebook scrolled, as people see it
             with full_length(driver):
-                report[name] = problems(driver)
                 (SCREENSHOTS / f"{Path(name).stem}.png").write_bytes(screenshot(driver))
     print(f"screenshots of {len(report)} notebooks in {SCREENSHOTS} ({time.monotonic() - started:.0f} s)")
     offenders = {name: lines for name, lines in report.items() if lines}
     if offenders:
         pytest.fail(
-        f"{sum(map(len, offenders.values()))} problem(s) in JupyterLab at {WIDTH} px (screenshots in {SCREENSHOTS}):\n"
-        + "\n".join(f"{name}:\n" + "\n".join(f"  {line}" for line in lines) for name, lines in offenders.items()),
-        pytrace=False)
+            f"{sum(map(len, offenders.values()))} problem(s) in the tutorials in JupyterLab at {WIDTH} px "
+            f"(cells counted from 0; screenshots in {SCREENSHOTS}):\n"
+            + "\n".join(f"{name}:\n" + "\n".join(f"  {line}" for line in lines) for name, lines in offenders.items()),
+            pytrace=False,
+        )

@@ -25,14 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from test_browser import _missing  # noqa: E402
-from test_tutorials_in_browser import (  # noqa: E402
-    cell_box,
-    full_length,
-    lab_with_notebooks,
-    notebooks,
-    open_notebook,
-    screenshot,
-)
+from test_tutorials_in_browser import cell_box, full_length, lab_with_notebooks, notebooks, open_notebook, screenshot  # noqa: E402
 
 DEADLINE_S = 300
 
@@ -62,9 +55,9 @@ def main(argv: list[str] | None = None) -> None:
 
     args.folder.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + DEADLINE_S
-    with tempfile.TemporaryDirectory(prefix="handlerkit-shoot-") as tmp, lab_with_notebooks(Path(tmp), deadline) as (
-        _url,
-        driver,
+    with (
+        tempfile.TemporaryDirectory(prefix="handlerkit-shoot-") as tmp,
+        lab_with_notebooks(Path(tmp), deadline) as (_url, driver),
     ):
         for name, cells in wanted:
             open_notebook(driver, name, deadline)
