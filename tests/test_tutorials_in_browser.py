@@ -75,7 +75,9 @@ return images.every((img) => img.complete && img.naturalWidth > 0) && !!panel.co
 # wrapped lines, right-aligned prose in tables; and every picture's data for the blank check.
 MEASURE = r"""
 const panel = window.jupyterapp.shell.currentWidget;
-const number = /^[-+−]?[\d,.  ]*\d(\.\d+)?([eE][-+]?\d+)?\s*(%|[µu]?s|ms|ns|min|h|[kMGT]?i?B|x|×|px|fps|it\/s)?$/;
+const value = String.raw`[-+−]?(\d[\d,  ]*)?\.?\d+([eE][-+]?\d+)?\s*(%|[µu]?s|ms|ns|min|h|[kKMGT]?i?B|x|×|px|fps|/s)?`;
+// A number, with its unit, or two (a range, a ratio, a spread): right-aligned as numbers should be.
+const number = new RegExp(`^${value}(\\s*[-–/±]\\s*${value})?$`);
 const found = [];
 panel.content.widgets.forEach((cell, index) => {
   cell.node.querySelectorAll('.jp-OutputArea-output').forEach((area) => {
@@ -246,16 +248,26 @@ def blank_share(src: str) -> float | None:
     return max(count for count, _ in colours) / total
 
 
+SOURCES = """
+return window.jupyterapp.shell.currentWidget.content.widgets.map((cell) =>
+  cell.model.sharedModel.getSource().split('\\n').find((line) => line.trim() && !line.startsWith('# NBVAL')) || '');
+"""
+
+
 def problems(driver) -> list[str]:
-    """What is wrong with the open notebook, one line per cell and kind."""
+    """What is wrong with the open notebook, one line per cell and kind, each cell named by its
+    index and its first line of source."""
+    sources = driver.execute_script(SOURCES)
     lines = []
     for found in driver.execute_script(MEASURE, SHRUNK):
+        source = sources[found["index"]].strip()
+        cell = f"cell {found['index']} ({source[:29] + '…' if len(source) > 30 else source})"
         if found["kind"] == "image":
             share = blank_share(found["src"])
             if share is not None and share >= BLANK:
-                lines.append(f"cell {found['index']}: blank picture: {100 * share:.1f} % of its pixels are one colour")
+                lines.append(f"{cell}: blank picture: {100 * share:.1f} % of its pixels are one colour")
         else:
-            lines.append(f"cell {found['index']}: {found['kind']}: {found['detail']}")
+            lines.append(f"{cell}: {found['kind']}: {found['detail']}")
     return list(dict.fromkeys(lines))
 
 
@@ -280,7 +292,8 @@ def _planted_notebook(path: Path) -> None:
     gradient = Image.linear_gradient("L").resize((600, 100)).convert("RGB")
     # JupyterLab's own rule, :not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td, weighs (0, 2, 1).
     scoped = "<style>.jp-RenderedHTMLCommon table.ok td { text-align: left; }</style>"
-    table = "<table class='ok'><tr><td>{}</td><td>12.5 ms</td><td>3,072</td><td>—</td></tr></table>"
+    numbers = "".join(f"<td>{n}</td>" for n in ("12.5 ms", "3,072", "0.143-0.224", "4.5 KiB", "1/0", "—"))
+    table = "<table class='ok'><tr><td>{}</td>" + numbers + "</tr></table>"
     nb = new_notebook(
         cells=[
             new_markdown_cell("# planted"),
@@ -296,11 +309,11 @@ def _planted_notebook(path: Path) -> None:
 
 
 PLANTED = [
-    r"cell 1: overflow: a picture 2000 px wide shown at \d+ % \(\d+ px\)",
-    r"cell 2: blank picture: 100.0 % of its pixels are one colour",
-    r'cell 3: right-aligned: 1 table cell\(s\) of text, e.g. "a fix in words"',
-    r"cell 4: overflow: an output 20\d\d px wide in an area of \d+ px",
-    r'cell 5: overflow: 1 line\(s\) of text up to 360 columns wrap in an area of \d+ columns, e.g. "a long line a long line a long line a lo…"',
+    r"cell 1 \(x\): overflow: a picture 2000 px wide shown at \d+ % \(\d+ px\)",
+    r"cell 2 \(x\): blank picture: 100.0 % of its pixels are one colour",
+    r'cell 3 \(x\): right-aligned: 1 table cell\(s\) of text, e.g. "a fix in words"',
+    r"cell 4 \(x\): overflow: an output 20\d\d px wide in an area of \d+ px",
+    r'cell 5 \(x\): overflow: 1 line\(s\) of text up to 360 columns wrap in an area of \d+ columns, e.g. "a long line a long line a long line a lo…"',
 ]
 
 
