@@ -7,7 +7,8 @@ repository, or ``$HANDLERKIT_SCREENSHOTS``. Then, per notebook and cell, what th
 checked:
 
 - no output is wider than its output area (a scroll bar, or a picture JupyterLab shrank to fit:
-  its text then becomes tiny), and no line of text output wraps;
+  its text then becomes tiny), and no line of a text table wraps (a line with column gaps of
+  two spaces or more: wrapped, its columns fall apart into fragments; prose may wrap);
 - no table cell of prose is right-aligned (its computed style), as JupyterLab's own stylesheet
   does to a bare ``<table>``;
 - no picture is blank (98 % or more of its pixels one colour).
@@ -107,10 +108,12 @@ panel.content.widgets.forEach((cell, index) => {
       const columns = Math.floor(pre.clientWidth / column);
       const lines = pre.textContent.split('\n');
       const longest = Math.max(...lines.map((line) => line.length));
-      const wrapped = lines.filter((line) => line.length > columns);
+      // A table's line (two or more gaps of 2+ spaces between columns) must not wrap; prose may.
+      const tabular = (line) => (line.trim().match(/\S {2,}(?=\S)/g) || []).length >= 2;
+      const wrapped = lines.filter((line) => line.length > columns && tabular(line));
       if (wrapped.length) {
         const example = wrapped[0].trim().slice(0, 40);
-        found.push({index, kind: 'overflow', detail: `${wrapped.length} line(s) of text up to ${longest} columns ` +
+        found.push({index, kind: 'overflow', detail: `${wrapped.length} line(s) of a text table up to ${longest} columns ` +
           `wrap in an area of ${columns} columns, e.g. "${example}…"`});
       }
     });
@@ -301,7 +304,7 @@ def _planted_notebook(path: Path) -> None:
             cell(shown({"image/png": _png(Image.new("RGB", (300, 100), "white"))})),  # 2: blank
             cell(shown({"text/html": table.replace(" class='ok'", "").format("a fix in words")})),  # 3: flush right
             cell(shown({"text/html": "<div style='width: 2000px'>wide</div>"})),  # 4: a scroll bar
-            cell(new_output("stream", name="stdout", text="a long line " * 30 + "\nshort\n")),  # 5: wraps
+            cell(new_output("stream", name="stdout", text="a table  line  " * 24 + "\n" + "prose " * 60 + "\n")),  # 5
             cell(shown({"image/png": _png(gradient)}), shown({"text/html": scoped + table.format("a fix in words")})),
         ]
     )
@@ -313,7 +316,7 @@ PLANTED = [
     r"cell 2 \(x\): blank picture: 100.0 % of its pixels are one colour",
     r'cell 3 \(x\): right-aligned: 1 table cell\(s\) of text, e.g. "a fix in words"',
     r"cell 4 \(x\): overflow: an output 20\d\d px wide in an area of \d+ px",
-    r'cell 5 \(x\): overflow: 1 line\(s\) of text up to 360 columns wrap in an area of \d+ columns, e.g. "a long line a long line a long line a lo…"',
+    r'cell 5 \(x\): overflow: 1 line\(s\) of a text table up to 360 columns wrap in an area of \d+ columns, e.g. "a table  line  a table  line  a table  l…"',
 ]
 
 
