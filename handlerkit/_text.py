@@ -96,9 +96,13 @@ def render_text(
     texts = [i for i, num in enumerate(numeric) if not num]
     while sum(caps) > budget and texts:
         widest = max(texts, key=lambda i: caps[i])
-        if caps[widest] <= 12:  # too many columns to fit: let the line run long rather than cut words to nothing
+        if caps[widest] <= _NARROWEST:
             break
         caps[widest] -= 1
+    if sum(caps) > budget and any(headers):
+        # Too many columns for the width: words would be cut to nothing. Each row becomes a
+        # block of "header  value" lines instead, the way a terminal reads a wide record.
+        return _records(headers, cells, title, width)
     wrapped = [[_wrapped(text, num, cap) for text, num, cap in zip(row, numeric, caps)] for row in cells]
     head = [_wrapped(h, False, cap) for h, cap in zip(headers, caps)]
     widths = [max([len(part) for part in lines] + [0]) for lines in head]
@@ -120,6 +124,26 @@ def render_text(
         out.append("  ".join("-" * w for w in widths))
     for row in wrapped:
         out += lines_of(row)
+    return "\n".join(out)
+
+
+_NARROWEST = 16  # a text column narrower than this cuts words of paths and guards into shreds
+
+
+def _records(headers: Sequence[str], cells: Sequence[Sequence[str]], title: str, width: int) -> str:
+    """A table too wide for ``width`` as one block of ``header  value`` lines per row (empty
+    values left out), blocks apart by a blank line."""
+    key = max(len(h) for h in headers)
+    out = textwrap.wrap(title, width) if title else []
+    for n, row in enumerate(cells):
+        if n:
+            out.append("")
+        for h, value in zip(headers, row):
+            if value == "":
+                continue
+            lines = _wrapped(value, False, max(_NARROWEST, width - key - 2))
+            out.append(f"{h.ljust(key)}  {lines[0]}".rstrip())
+            out += [f"{'':{key}}  {more}".rstrip() for more in lines[1:]]
     return "\n".join(out)
 
 
