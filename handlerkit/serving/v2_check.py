@@ -109,7 +109,7 @@ class V2Report(Rendered):
     def _summary(self) -> str:
         passed = sum(row.ok for row in self.rows)
         found = f" (found by {self.discovered_by})" if self.discovered_by else ""
-        return f"Open Inference Protocol v2 at {self.url}, model {self.model}{found}: {passed} of {len(self.rows)} rules pass"
+        return f"Open Inference Protocol v2: {passed} of {len(self.rows)} rules pass; model {self.model}{found} at {self.url}"
 
     def _tables(self) -> list[Table]:
         # Failures in full (what was wrong and what came back); what passed, one line per endpoint.
