@@ -94,11 +94,13 @@ def render_text(
     caps = [w if num or wrap is None else min(w, max(wrap, len(h))) for w, num, h in zip(natural, numeric, headers)]
     budget = width - 2 * (len(headers) - 1)
     texts = [i for i, num in enumerate(numeric) if not num]
+    # A column gives way down to its longest word (an id, a path), so words stay whole where they can.
+    floors = [min(_LONGEST_WORD, max([_NARROWEST] + [len(w) for row in cells for w in row[i].split()])) for i in range(len(headers))]
     while sum(caps) > budget and texts:
-        widest = max(texts, key=lambda i: caps[i])
-        if caps[widest] <= _NARROWEST:
+        shrinkable = [i for i in texts if caps[i] > floors[i]]
+        if not shrinkable:
             break
-        caps[widest] -= 1
+        caps[max(shrinkable, key=lambda i: caps[i] - floors[i])] -= 1
     if sum(caps) > budget and any(headers):
         # Too many columns for the width: words would be cut to nothing. Each row becomes a
         # block of "header  value" lines instead, the way a terminal reads a wide record.
@@ -128,6 +130,7 @@ def render_text(
 
 
 _NARROWEST = 16  # a text column narrower than this cuts words of paths and guards into shreds
+_LONGEST_WORD = 48  # a word longer than this (a long path) may be cut to fit
 
 
 def _records(headers: Sequence[str], cells: Sequence[Sequence[str]], title: str, width: int) -> str:
