@@ -23,10 +23,12 @@ STYLE = (
     "div.handlerkit table.handlerkit{max-width:100%;table-layout:auto;margin:0 0 0.6em 0;"
     "border-collapse:collapse}"
     "div.handlerkit table.handlerkit caption{text-align:left;caption-side:top;padding:0.2em 0}"
-    "table.handlerkit td.hk-text,table.handlerkit th.hk-text{text-align:left;overflow-wrap:anywhere;"
-    "word-break:break-word;white-space:pre-wrap;vertical-align:top}"
-    "table.handlerkit td.hk-num,table.handlerkit th.hk-num{text-align:right;white-space:nowrap;"
-    "font-variant-numeric:tabular-nums;vertical-align:top}"
+    "table.handlerkit td.hk-text,table.handlerkit th.hk-text{text-align:left;vertical-align:top}"
+    "table.handlerkit td.hk-text{overflow-wrap:anywhere;white-space:pre-wrap}"
+    "table.handlerkit td.hk-num,table.handlerkit th.hk-num{text-align:right;vertical-align:top;"
+    "font-variant-numeric:tabular-nums}"
+    "table.handlerkit td.hk-num{white-space:nowrap}"
+    "table.handlerkit th{white-space:normal;overflow-wrap:normal}"
     "table.handlerkit td.hk-key{font-weight:600;white-space:nowrap}"
     "div.handlerkit p.hk-summary{margin:0.2em 0 0.4em 0;overflow-wrap:anywhere}"
     "div.handlerkit ul.hk-notes{margin:0.2em 0;padding-left:1.4em}"
@@ -169,10 +171,21 @@ def wrap_text(text: str, width: int = WIDTH, indent: str = "") -> str:
     return "\n".join(out)
 
 
+_SHORT = 20  # a text cell this short stays on one line: "severity", "recompiles", "GB0124"
+
+
 def _td(text: str, numeric: bool, tag: str = "td") -> str:
     kind = "hk-num" if numeric else "hk-text"
     body = html.escape(text).replace("\n", "<br>")
-    return f"<{tag} class='{kind}' style='{_INLINE[numeric]}'>{body}</{tag}>"
+    # Long text may break anywhere (paths, guards, URLs), so a table fits the output area; a
+    # short cell must not, or the browser shrinks its column to one letter ("sev/erit/y").
+    if tag == "th":  # a header wraps between its words only: "first call ms" over a narrow column
+        style = "text-align:right" if numeric else "text-align:left"
+    elif not numeric and len(text) <= _SHORT:
+        style = "text-align:left;white-space:nowrap"
+    else:
+        style = _INLINE[numeric]
+    return f"<{tag} class='{kind}' style='{style}'>{body}</{tag}>"
 
 
 def html_block(inner: str) -> str:

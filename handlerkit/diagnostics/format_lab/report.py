@@ -189,7 +189,7 @@ class FormatReport(Rendered):
                     r.format,
                     "yes" if r.exported else "no",
                     _agreement(r),
-                    None if r.max_abs_diff is None else f"{r.max_abs_diff:.2g}",
+                    r.max_abs_diff,
                     r.export_s,
                     r.first_call_ms,
                     None if r.steady is None else r.steady.median,
