@@ -24,7 +24,9 @@ STYLE = (
     "border-collapse:collapse}"
     "div.handlerkit table.handlerkit caption{text-align:left;caption-side:top;padding:0.2em 0}"
     "table.handlerkit td.hk-text,table.handlerkit th.hk-text{text-align:left;vertical-align:top}"
-    "table.handlerkit td.hk-text{overflow-wrap:anywhere;white-space:pre-wrap}"
+    # break-all is only the untrusted view's fallback (see _td): with this sheet, words break
+    # only where they must (!important: the one way a sheet overrides an inline style)
+    "table.handlerkit td.hk-text{overflow-wrap:anywhere;word-break:normal!important;white-space:pre-wrap}"
     "table.handlerkit td.hk-num,table.handlerkit th.hk-num{text-align:right;vertical-align:top;"
     "font-variant-numeric:tabular-nums}"
     "table.handlerkit td.hk-num{white-space:nowrap}"
@@ -34,7 +36,6 @@ STYLE = (
     "div.handlerkit ul.hk-notes{margin:0.2em 0;padding-left:1.4em}"
     "</style>"
 )
-_INLINE = {True: "text-align:right;white-space:nowrap", False: "text-align:left;overflow-wrap:anywhere"}
 
 
 def format_number(value: float) -> str:
@@ -181,10 +182,16 @@ def _td(text: str, numeric: bool, tag: str = "td") -> str:
     # short cell must not, or the browser shrinks its column to one letter ("sev/erit/y").
     if tag == "th":  # a header wraps between its words only: "first call ms" over a narrow column
         style = "text-align:right" if numeric else "text-align:left"
-    elif not numeric and len(text) <= _SHORT:
+    elif numeric:
+        style = "text-align:right;white-space:nowrap"
+    elif len(text) <= _SHORT:
         style = "text-align:left;white-space:nowrap"
+    elif any(len(word) > _SHORT for word in text.split()):
+        # a path, a URL, a guard: JupyterLab's sanitizer keeps word-break (not overflow-wrap:
+        # anywhere) in an untrusted notebook, so the break is said inline too
+        style = "text-align:left;word-break:break-all"
     else:
-        style = _INLINE[numeric]
+        style = "text-align:left"
     return f"<{tag} class='{kind}' style='{style}'>{body}</{tag}>"
 
 
@@ -195,7 +202,7 @@ def html_block(inner: str) -> str:
 
 def html_table(body_rows: Iterable[str], title: str = "", head: str = "") -> str:
     """A ``<table class='handlerkit'>`` of ready-made ``<tr>`` rows (escaped by the caller)."""
-    caption = f"<caption><b>{html.escape(title)}</b></caption>" if title else ""
+    caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
     thead = f"<thead><tr>{head}</tr></thead>" if head else ""
     return f"<table class='handlerkit'>{caption}{thead}<tbody>{''.join(body_rows)}</tbody></table>"
 

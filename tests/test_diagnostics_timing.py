@@ -131,7 +131,7 @@ def test_timing_report_renders_text_and_html() -> None:
     bundle = r._repr_mimebundle_()
     assert bundle["text/plain"] == text
     html = bundle["text/html"]
-    assert "<p class='hk-summary'><b>timing:" in html and "style='text-align:left;overflow-wrap:anywhere'>inference</td>" in html
+    assert "<p class='hk-summary'><b>timing:" in html and "style='text-align:left;white-space:nowrap'>inference</td>" in html
     assert "a &lt;b&gt; note" in html and "<b> note" not in html
 
 
