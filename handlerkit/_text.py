@@ -79,11 +79,7 @@ def numeric_columns(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> li
 
 
 def render_text(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    title: str = "",
-    wrap: int | None = None,
-    width: int = WIDTH,
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "", wrap: int | None = None, width: int = WIDTH
 ) -> str:
     """A fixed-width table: numbers right-aligned, text left-aligned, no line wider than ``width``.
 
@@ -98,7 +94,10 @@ def render_text(
     budget = width - 2 * (len(headers) - 1)
     texts = [i for i, num in enumerate(numeric) if not num]
     # A column gives way down to its longest word (an id, a path), so words stay whole where they can.
-    floors = [min(_LONGEST_WORD, max([_NARROWEST] + [len(w) for row in cells for w in row[i].split()])) for i in range(len(headers))]
+    floors = [
+        min(_LONGEST_WORD, max([_NARROWEST] + [len(w) for row in cells for w in row[i].split()]))
+        for i in range(len(headers))
+    ]
     while sum(caps) > budget and texts:
         shrinkable = [i for i in texts if caps[i] > floors[i]]
         if not shrinkable:

@@ -20,9 +20,9 @@ import pytest
 from _new_users import ranker_dir, ranker_request
 from _stateful_handlers import SEQUENCE_CONFIG, SEQUENCE_SUM, model_dir
 from _v2_fake import fake_v2_server
-from conftest import MLP_MODEL_PY, eager_manifest, write_model_dir
 
 import handlerkit as hk
+from conftest import MLP_MODEL_PY, eager_manifest, write_model_dir
 from handlerkit import archive
 from handlerkit._text import STYLE, format_number, render_html, render_text
 from handlerkit.cli.inspect import inspect_path

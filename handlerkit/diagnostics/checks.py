@@ -97,7 +97,9 @@ class CheckReport(Rendered):
             ids = merged.setdefault((p.severity, p.check, p.message, p.fix), [])
             if p.request_index is not None:
                 ids.append(p.request_index)
-        problems = [[sev, check, ", ".join(map(str, ids)), message, fix] for (sev, check, message, fix), ids in merged.items()]
+        problems = [
+            [sev, check, ", ".join(map(str, ids)), message, fix] for (sev, check, message, fix), ids in merged.items()
+        ]
         return [
             Table(("severity", "check", "request", "problem", "fix"), problems, "problems"),
             Table(("", ""), self._passed(), "passed"),
@@ -115,7 +117,9 @@ class CheckReport(Rendered):
                 kind = "same output" if outcome == "same output" else "refused clearly"
                 by_variant.setdefault((kind, variant), []).append(i)
         for kind in ("same output", "refused clearly"):
-            shown = [f"{variant} ({_which(ids, self.batch_size)})" for (k, variant), ids in by_variant.items() if k == kind]
+            shown = [
+                f"{variant} ({_which(ids, self.batch_size)})" for (k, variant), ids in by_variant.items() if k == kind
+            ]
             if shown:
                 rows.append((f"encodings: {kind}", "; ".join(shown)))
         return rows

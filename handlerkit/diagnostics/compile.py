@@ -32,8 +32,8 @@ from typing import Any
 
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
-from handlerkit._text import format_number
 from handlerkit._stack import user_stacklevel
+from handlerkit._text import format_number
 from handlerkit.contract import Problem
 from handlerkit.diagnostics import _compile_facts as facts
 from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
@@ -202,7 +202,6 @@ class CompileReport(Rendered):
         return f"{head}: " + "; ".join(parts)
 
     def _tables(self) -> list[Table]:
-        kv = ("", "")
         settings = [
             ["model", self.model + (f" ({self.model_format} model)" if self.model_format else "")],
             ["pt2 schema", self.pt2_schema + (_LEGACY if self.pt2_schema.startswith("legacy") else "")],
@@ -235,8 +234,8 @@ class CompileReport(Rendered):
         if self.speedup is not None:
             steady.append(["speedup (eager / compiled)", "", self.speedup, "", ""])
         return [
-            Table(kv, settings, "pt2"),
-            Table(kv, cost, "first call"),
+            Table(("", ""), settings, "pt2"),
+            Table(("", ""), cost, "first call"),
             Table(
                 ("", "n", "median ms", "p25-p75 ms", "p90 ms"),
                 steady,

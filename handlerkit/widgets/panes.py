@@ -153,7 +153,9 @@ def timing_html(times: Mapping[str, tuple[float, bool]]) -> str:
         width = max(1, round(_BAR_PX * ms / slowest))
         color = _OK if ok else _FAILED
         bar = f"<td style='width:{_BAR_PX + 10}px'><div style='background:{color};height:10px;width:{width}px'></div></td>"
-        cells = html_row([stage]).removesuffix("</tr>") + bar + html_row([ms, "" if ok else "failed"]).removeprefix("<tr>")
+        cells = (
+            html_row([stage]).removesuffix("</tr>") + bar + html_row([ms, "" if ok else "failed"]).removeprefix("<tr>")
+        )
         rows.append(cells)
     return html_block(html_table(rows, "wall time (ms)"))
 
@@ -166,7 +168,9 @@ def compile_html(decision: Any) -> str:
             "BaseHandler, or initialize has not run); the report below still compiles the model</div>"
         )
     fields = ("requested", "schema", "options", "applied", "reason", "error", "fell_back_at_runtime")
-    rows = [(name, str(getattr(decision, name))) for name in fields if getattr(decision, name, None) not in (None, {}, "")]
+    rows = [
+        (name, str(getattr(decision, name))) for name in fields if getattr(decision, name, None) not in (None, {}, "")
+    ]
     return render_html(("", ""), rows, "compile decision")
 
 

@@ -220,7 +220,13 @@ class FormatReport(Rendered):
 
     def _notes(self) -> list[str]:
         unmeasured = [r.format for r in self.rows if r.peak_bytes == 0]
-        said = [f"peak memory — for {', '.join(unmeasured)}: its first call took no memory beyond what the process held before it (nothing to measure)"] if unmeasured else []
+        said = (
+            [
+                f"peak memory — for {', '.join(unmeasured)}: its first call took no memory beyond what the process held before it (nothing to measure)"
+            ]
+            if unmeasured
+            else []
+        )
         return list(self.notes) + said
 
 
