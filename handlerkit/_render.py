@@ -5,8 +5,10 @@ a one-line :meth:`~Rendered._summary` and one or more :class:`Table` s (plus opt
 The base turns that into:
 
 - ``repr(x)``: one line, ``<StageResult preprocess ok 3.10 ms …>``, cheap enough for a list;
-- ``str(x)``: the fixed-width tables, for terminals and ``print``;
-- ``_repr_mimebundle_``: ``text/plain`` (the same tables) and ``text/html`` for Jupyter.
+- ``str(x)``: the fixed-width tables, no line wider than 100 columns, for terminals and ``print``;
+- ``_repr_mimebundle_``: ``text/plain`` (the same tables) and ``text/html`` for Jupyter: the
+  tables in one container with handlerkit's small stylesheet (``_text.STYLE``), prose
+  left-aligned, numbers right-aligned.
 
 IPython swallows an exception raised inside a repr hook and shows a bare fallback instead, so
 the hook warns first (a :class:`~handlerkit.errors.HandlerkitWarning` naming the class and the
@@ -20,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from handlerkit._text import render_html, render_text
+from handlerkit._text import WIDTH, html_block, render_html, render_text, wrap_text
 from handlerkit.errors import HandlerkitWarning
 
 __all__ = ["Rendered", "Table"]
@@ -56,19 +58,20 @@ class Rendered:
         return f"<{type(self).__name__} {self._summary()}>"
 
     def __str__(self) -> str:
-        parts = [self._summary()]
+        parts = [wrap_text(self._summary(), WIDTH, "  ")]
         parts += [render_text(t.headers, t.rows, t.title, t.wrap) for t in self._tables() if t.rows]
         text = "\n\n".join(parts)
         notes = self._notes()
-        return text + "".join(f"\nnote: {n}" for n in notes)
+        return text + "".join("\n" + wrap_text(f"note: {n}", WIDTH, "      ") for n in notes)
 
     def _html(self) -> str:
-        parts = [f"<p><b>{html.escape(self._summary())}</b></p>"]
-        parts += [render_html(t.headers, t.rows, t.title) for t in self._tables() if t.rows]
+        """The HTML view: the summary, the tables and the notes in one styled container."""
+        parts = [f"<p class='hk-summary'><b>{html.escape(self._summary())}</b></p>"]
+        parts += [render_html(t.headers, t.rows, t.title, style=False) for t in self._tables() if t.rows]
         notes = self._notes()
         if notes:
-            parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
-        return "".join(parts)
+            parts.append("<ul class='hk-notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+        return html_block("".join(parts))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         try:

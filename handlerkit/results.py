@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from handlerkit._render import Rendered, Table
-from handlerkit._text import format_bytes
+from handlerkit._text import format_bytes, format_number
 from handlerkit.contract import HANDLER_STAGES, check_output
 from handlerkit.errors import StageError
 from handlerkit.streaming import collect
@@ -111,11 +111,12 @@ class StageResult(Rendered):
         rows: list[tuple[str, Any]] = [("status", "ok" if self.ok else f"error: {self.error}")]
         if self.calls != 1:
             rows.append(("calls", self.calls))
-        rows.append(("wall", f"{self.wall_ms:.2f} ms"))
+        rows.append(("wall", f"{format_number(self.wall_ms)} ms"))
         if self.device_ms is not None:
-            rows.append(("device time", f"{self.device_ms:.2f} ms"))
-        if self.cpu_peak_delta_bytes is not None:
-            rows.append(("peak memory (CPU, above start)", format_bytes(self.cpu_peak_delta_bytes)))
+            rows.append(("device time", f"{format_number(self.device_ms)} ms"))
+        if self.cpu_peak_delta_bytes is not None:  # 0: the stage grew nothing the RSS could see
+            peak = format_bytes(self.cpu_peak_delta_bytes) if self.cpu_peak_delta_bytes else "— (no growth measured)"
+            rows.append(("peak memory (CPU, above start)", peak))
         if self.cuda_peak_bytes is not None:
             rows.append(("peak memory (CUDA)", format_bytes(self.cuda_peak_bytes)))
         rows += _value_rows("output", self.output, limit=8)
@@ -245,7 +246,7 @@ class Run(Rendered):
             if r.error is not None:
                 original = r.error.original
                 shown = f"raised {type(original).__name__ if original is not None else 'StageError'}"
-            rows.append([name, r.calls, round(r.wall_ms, 3), shown])
+            rows.append([name, r.calls, r.wall_ms, shown])
             if not bare:
                 inner += [[name, f"output{path}", tensor_summary(t)] for path, t in tensors[:8]]
         tables = [Table(("stage", "calls", "wall ms", "output"), rows)]
@@ -291,7 +292,7 @@ def run_mode(stages: dict[str, StageResult]) -> str:
 
 def _streams_table(streams: list[RequestStream]) -> Table:
     def ms(value: float | None) -> Any:
-        return "" if value is None else round(value, 3)
+        return "" if value is None else value
 
     rows = [
         [s.index, s.request_id, len(s.chunks), ms(s.first_chunk_ms), ms(s.inter_chunk_p50_ms), ms(s.inter_chunk_p99_ms)]

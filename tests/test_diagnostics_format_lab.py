@@ -217,7 +217,7 @@ def test_the_lab_says_what_it_was_timed_under_and_warns_on_a_busy_machine(tmp_pa
     warning = "torch runs 4 intra-op threads on 2 usable core(s): they take turns, and timings measure the " \
               "waiting; torch.set_num_threads(2)"  # fmt: skip
     noted = ["torch: 4 intra-op / 4 inter-op threads, 2 usable core(s), 1-minute load 0.5", warning]
-    assert report.notes[:2] == noted and f"note: {warning}" in str(report)
+    assert report.notes[:2] == noted and f"note: {warning}" in " ".join(str(report).split())
     assert warning in report._repr_mimebundle_()["text/html"]
     assert report.to_dict()["conditions"] == {"intra_op_threads": 4, "inter_op_threads": 4, "cores": 2,
                                               "load_1min": 0.5, "warning": warning}  # fmt: skip

@@ -215,7 +215,7 @@ def test_a_profile_says_what_it_was_timed_under_and_warns_on_a_busy_machine(monk
         report = toy_harness(Toy()).profile([[1]], top=3)
     warning = device_mod.CpuThreads(2, 1, 2, 5.0).warning
     assert report.notes == ["torch: 2 intra-op / 1 inter-op threads, 2 usable core(s), 1-minute load 5.0", warning]
-    assert str(report).endswith(f"note: {warning}")
+    assert " ".join(str(report).split()).endswith(f"note: {warning}")  # wrapped at 100 columns
     data = json.loads(json.dumps(report.to_dict()))
     assert data["conditions"] == {"intra_op_threads": 2, "inter_op_threads": 1, "cores": 2, "load_1min": 5.0,
                                   "warning": warning}  # fmt: skip
@@ -326,8 +326,8 @@ def test_cuda_profile_with_faked_availability_records_and_renders_device_time(mo
     assert all(r.self_device_us == 0.0 for r in report.stages["preprocess"])
     assert report.totals["inference"].self_device_us == pytest.approx(40.0)
     text = str(report)
-    assert "self device us" in text and "ops self device ms" in text and "activities=CPU+CUDA" in text
-    assert "self device us" in report._repr_mimebundle_()["text/html"]
+    assert "self device µs" in text and "ops self device ms" in text and "activities=CPU+CUDA" in text
+    assert "self device µs" in report._repr_mimebundle_()["text/html"]
 
 
 # --- aggregation, on stand-in events ---------------------------------------------------------------

@@ -316,7 +316,7 @@ def test_handle_override_that_skips_stages_is_detected(model_dir, images):
     assert list(run.stages) == ["initialize", "handle"] and run.output == ["fixed"] * 3 and run.mode == "handle"
     (problem,) = run.stages["handle"].problems
     assert problem.check == "skipped-stages" and problem.fix.startswith("call them from handle()")
-    assert "contract problems" in str(run) and "never called preprocess" in str(run)  # in the run's table
+    assert "contract problems" in str(run) and "never called preprocess" in run._html()  # in the run's table (its text wraps)
 
 
 def test_handle_override_that_calls_stages_is_not_flagged(model_dir, images):

@@ -32,7 +32,7 @@ def test_repr_is_one_line_and_str_is_the_table():
         "values",
         "name  value",
         "----  -----",
-        "a     1.500",
+        "a      1.50",
         "<b>      20",
         "note: x < y",
     ]
@@ -44,8 +44,8 @@ def test_mimebundle_has_plain_text_and_escaped_html():
     assert set(bundle) == {"text/plain", "text/html"}
     assert bundle["text/plain"] == str(report)
     html = bundle["text/html"]
-    assert "<td>&lt;b&gt;</td>" in html and "<li>x &lt; y</li>" in html
-    assert "<th>empty</th>" not in html  # a table without rows is left out
+    assert ">&lt;b&gt;</td>" in html and "<li>x &lt; y</li>" in html
+    assert ">empty</th>" not in html  # a table without rows is left out
 
 
 def test_a_failing_render_warns_then_raises():
@@ -78,4 +78,5 @@ def test_a_table_may_wrap_long_text_cells_and_keeps_numbers_whole():
     assert lines[2].startswith("123456789  a guard that fails")  # the number on the row's first line
     assert " ".join(" ".join(lines[2:-1]).split()).replace("123456789 ", "") == " ".join(long.split())
     assert lines[-1].split() == ["2", "short"]
-    assert render_text(["why"], [[long]]).count("\n") == 2  # without wrap: one line per row
+    unwrapped = render_text(["why"], [[long], ["short"]]).splitlines()  # without wrap: the 100-column limit
+    assert max(len(line) for line in unwrapped) <= 100 and len(unwrapped) == 2 + 3 + 1 and unwrapped[-1] == "short"

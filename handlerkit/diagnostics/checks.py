@@ -85,22 +85,54 @@ class CheckReport(Rendered):
 
     def _summary(self) -> str:
         errors = sum(p.severity == "error" for p in self.problems)
+        warned = len(self.problems) - errors
         verdict = "ok" if self.ok else f"{errors} problem(s)"
-        return f"check of {self.handler} on {self.batch_size} request(s): {verdict}"
+        also = f", {warned} warning(s)" if warned else ""
+        return f"check of {self.handler} on {self.batch_size} request(s): {verdict}{also}"
 
     def _tables(self) -> list[Table]:
+        # A problem is said once, in the problems table; what passed is one line per check.
+        merged: dict[tuple[str, str, str, str], list[int]] = {}
+        for p in self.problems:  # the same problem of several requests: one row naming them all
+            ids = merged.setdefault((p.severity, p.check, p.message, p.fix), [])
+            if p.request_index is not None:
+                ids.append(p.request_index)
         problems = [
-            [p.severity, p.check, "" if p.request_index is None else p.request_index, p.message, p.fix]
-            for p in self.problems
+            [sev, check, ", ".join(map(str, ids)), message, fix] for (sev, check, message, fix), ids in merged.items()
         ]
         return [
-            Table(("severity", "check", "request", "problem", "fix"), problems),
-            Table(("request", "encoding", "outcome"), [list(e) for e in self.encodings]),
-            Table(("request", "batch parity"), [list(p) for p in self.parity]),
+            Table(("severity", "check", "request", "problem", "fix"), problems, "problems"),
+            Table(("", ""), self._passed(), "passed"),
         ]
+
+    def _passed(self) -> list[tuple[str, str]]:
+        """One row per check that passed, saying for which requests."""
+        rows = []
+        same = [i for i, verdict in self.parity if verdict == "same alone and in the batch"]
+        if same:
+            rows.append(("batch parity", f"{_which(same, self.batch_size)}: same alone and in the batch"))
+        by_variant: dict[tuple[str, str], list[int]] = {}
+        for i, variant, outcome in self.encodings:
+            if outcome == "same output" or outcome.startswith("refused clearly"):
+                kind = "same output" if outcome == "same output" else "refused clearly"
+                by_variant.setdefault((kind, variant), []).append(i)
+        for kind in ("same output", "refused clearly"):
+            shown = [
+                f"{variant} ({_which(ids, self.batch_size)})" for (k, variant), ids in by_variant.items() if k == kind
+            ]
+            if shown:
+                rows.append((f"encodings: {kind}", "; ".join(shown)))
+        return rows
 
     def _notes(self) -> list[str]:
         return list(self.notes)
+
+
+def _which(indices: list[int], batch_size: int) -> str:
+    """``every request`` or ``request(s) 0, 2``."""
+    if len(indices) == batch_size:
+        return "every request" if batch_size > 1 else "the request"
+    return f"request(s) {', '.join(map(str, indices))}"
 
 
 # ---------------------------------------------------------------------------- running

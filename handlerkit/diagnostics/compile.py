@@ -33,6 +33,7 @@ from typing import Any
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._stack import user_stacklevel
+from handlerkit._text import format_number
 from handlerkit.contract import Problem
 from handlerkit.diagnostics import _compile_facts as facts
 from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
@@ -184,11 +185,11 @@ class CompileReport(Rendered):
         if self.first_call_ms is not None:
             split = ""
             if self.compile_observed and self.compile_s is not None:
-                split = f" (compile {self.compile_s:.2f} s"
+                split = f" (compile {format_number(self.compile_s)} s"
                 if self.dynamo_s is not None and self.backend_s is not None:
-                    split += f": Dynamo {self.dynamo_s:.2f} s, backend {self.backend_s:.2f} s"
+                    split += f": Dynamo {format_number(self.dynamo_s)} s, backend {format_number(self.backend_s)} s"
                 split += ")"
-            parts.append(f"first call {self.first_call_ms:.1f} ms{split}")
+            parts.append(f"first call {format_number(self.first_call_ms)} ms{split}")
         parts.append(
             f"{len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s), {len(self.recompiles)} recompile(s)"
         )
@@ -201,7 +202,6 @@ class CompileReport(Rendered):
         return f"{head}: " + "; ".join(parts)
 
     def _tables(self) -> list[Table]:
-        kv = ("", "")
         settings = [
             ["model", self.model + (f" ({self.model_format} model)" if self.model_format else "")],
             ["pt2 schema", self.pt2_schema + (_LEGACY if self.pt2_schema.startswith("legacy") else "")],
@@ -234,8 +234,8 @@ class CompileReport(Rendered):
         if self.speedup is not None:
             steady.append(["speedup (eager / compiled)", "", self.speedup, "", ""])
         return [
-            Table(kv, settings, "pt2"),
-            Table(kv, cost, "first call"),
+            Table(("", ""), settings, "pt2"),
+            Table(("", ""), cost, "first call"),
             Table(
                 ("", "n", "median ms", "p25-p75 ms", "p90 ms"),
                 steady,

@@ -161,9 +161,9 @@ class ProfileReport(Rendered):
             overview.append(row)
         title = "stages (handle's operators are those outside the stages)" if split else "stages"
         tables = [Table(headers, overview, title=title)]
-        op_headers = ["operator", "self CPU us", "CPU total us", "calls"]
+        op_headers = ["operator", "self CPU µs", "CPU total µs", "calls"]
         op_headers += ["input shapes"] if self.record_shapes else []
-        op_headers += ["self device us"] if self.device_time else []
+        op_headers += ["self device µs"] if self.device_time else []
         for stage, rows in self.stages.items():
             body = []
             for r in rows:

@@ -23,6 +23,7 @@ from typing import Any
 
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
+from handlerkit._text import format_number
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.noise import Conditions
 from handlerkit.diagnostics.runs import diagnostic_runs
@@ -257,7 +258,7 @@ class TimingReport(Rendered):
     def _summary(self) -> str:
         text = self.title
         if self.throughput is not None:
-            text += f"; throughput {self.throughput:.1f} requests/s"
+            text += f"; throughput {format_number(self.throughput)} requests/s"
         return text
 
     def _tables(self) -> list[Table]:

@@ -109,20 +109,25 @@ class V2Report(Rendered):
     def _summary(self) -> str:
         passed = sum(row.ok for row in self.rows)
         found = f" (found by {self.discovered_by})" if self.discovered_by else ""
-        return f"Open Inference Protocol v2 at {self.url}, model {self.model}{found}: {passed} of {len(self.rows)} rules pass"
+        return f"Open Inference Protocol v2: {passed} of {len(self.rows)} rules pass; model {self.model}{found} at {self.url}"
 
     def _tables(self) -> list[Table]:
-        rows = [
-            (
-                r.endpoint,
-                r.rule,
-                "pass" if r.ok else f"FAIL: {r.detail}",
-                "-" if r.status is None else r.status,
-                r.excerpt,
-            )
-            for r in self.rows
+        # Failures in full (what was wrong and what came back); what passed, one line per endpoint.
+        failed = [
+            (r.endpoint, r.rule, "" if r.status is None else r.status, r.detail, r.excerpt) for r in self.failures
         ]
-        return [Table(("endpoint", "rule", "result", "status", "came back"), rows, wrap=48)]
+        passed: dict[str, tuple[list[str], list[int]]] = {}
+        for r in self.rows:
+            if r.ok:
+                rules, codes = passed.setdefault(r.endpoint, ([], []))
+                rules.append(r.rule)
+                if r.status is not None and r.status not in codes:
+                    codes.append(r.status)
+        kept = [(endpoint, "; ".join(rules), ", ".join(map(str, codes))) for endpoint, (rules, codes) in passed.items()]
+        return [
+            Table(("endpoint", "rule", "status", "what was wrong", "came back"), failed, "FAILED"),
+            Table(("endpoint", "rules kept", "status"), kept, "passed"),
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data: the URL, the model, ``ok`` and the rows."""

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from handlerkit._text import html_block, html_row, html_table, render_html
 from handlerkit.errors import StageError
 from handlerkit.summaries import summary
 
@@ -187,13 +188,8 @@ def logs_output(logs: Sequence[Any], caught: Sequence[Any]) -> dict[str, Any] | 
     rows = [("log", f"{e.level} {e.logger}", e.message) for e in logs]
     rows += [("warning", w.category.__name__, str(w.message)) for w in caught]
     text = "\n".join(f"{kind}: {who}: {what}" for kind, who, what in rows)
-    body = "".join(
-        f"<tr><td>{html.escape(kind)}</td><td>{html.escape(who)}</td>"
-        f"<td style='text-align:left;white-space:pre-wrap'>{html.escape(what)}</td></tr>"
-        for kind, who, what in rows
-    )
     title = f"logs and warnings ({len(logs)} log record(s), {len(caught)} warning(s))"
-    markup = f"<table class='handlerkit'><caption style='text-align:left'><b>{title}</b></caption><tbody>{body}</tbody></table>"
+    markup = render_html(("", "", ""), rows, title)
     return html_output(markup, f"{title}\n{text}")
 
 
@@ -209,12 +205,12 @@ def timing_html(times: Mapping[str, tuple[float, bool]]) -> str:
     for stage, (ms, ok) in times.items():
         width = max(1, round(_BAR_PX * ms / slowest))
         color = _OK if ok else _FAILED
-        bar = f"<div style='background:{color};height:10px;width:{width}px'></div>"
-        rows.append(
-            f"<tr><td style='text-align:left'>{html.escape(stage)}</td><td style='width:{_BAR_PX + 10}px'>{bar}</td>"
-            f"<td style='text-align:right'>{ms:.2f} ms{'' if ok else ' (failed)'}</td></tr>"
+        bar = f"<td style='width:{_BAR_PX + 10}px'><div style='background:{color};height:10px;width:{width}px'></div></td>"
+        cells = (
+            html_row([stage]).removesuffix("</tr>") + bar + html_row([ms, "" if ok else "failed"]).removeprefix("<tr>")
         )
-    return f"<table class='handlerkit'><caption style='text-align:left'><b>wall time</b></caption><tbody>{''.join(rows)}</tbody></table>"
+        rows.append(cells)
+    return html_block(html_table(rows, "wall time (ms)"))
 
 
 def compile_html(decision: Any) -> str:
@@ -225,12 +221,10 @@ def compile_html(decision: Any) -> str:
             "BaseHandler, or initialize has not run); the report below still compiles the model</div>"
         )
     fields = ("requested", "schema", "options", "applied", "reason", "error", "fell_back_at_runtime")
-    rows = "".join(
-        f"<tr><td style='text-align:left'>{name}</td><td style='text-align:left'>{html.escape(str(getattr(decision, name, '')))}</td></tr>"
-        for name in fields
-        if getattr(decision, name, None) not in (None, {}, "")
-    )
-    return f"<table class='handlerkit'><caption style='text-align:left'><b>compile decision</b></caption><tbody>{rows}</tbody></table>"
+    rows = [
+        (name, str(getattr(decision, name))) for name in fields if getattr(decision, name, None) not in (None, {}, "")
+    ]
+    return render_html(("", ""), rows, "compile decision")
 
 
 def output_text(outputs: Sequence[Mapping[str, Any]]) -> str:

@@ -189,13 +189,13 @@ class FormatReport(Rendered):
                     r.format,
                     "yes" if r.exported else "no",
                     _agreement(r),
-                    None if r.max_abs_diff is None else f"{r.max_abs_diff:.2g}",
+                    r.max_abs_diff,
                     r.export_s,
                     r.first_call_ms,
                     None if r.steady is None else r.steady.median,
                     None if r.steady is None else f"{r.steady.p25:.3g}-{r.steady.p75:.3g}",
                     ratio,
-                    format_bytes(r.peak_bytes) if r.peak_bytes is not None else None,
+                    _peak(r.peak_bytes),
                     format_bytes(r.artifact_bytes) if r.artifact_bytes is not None else None,
                     ", ".join(map(str, r.accepted_sizes)) if r.batch_sizes else None,
                 ]
@@ -219,7 +219,22 @@ class FormatReport(Rendered):
         ]
 
     def _notes(self) -> list[str]:
-        return list(self.notes)
+        unmeasured = [r.format for r in self.rows if r.peak_bytes == 0]
+        said = (
+            [
+                f"peak memory — for {', '.join(unmeasured)}: its first call took no memory beyond what the process held before it (nothing to measure)"
+            ]
+            if unmeasured
+            else []
+        )
+        return list(self.notes) + said
+
+
+def _peak(peak: int | None) -> str | None:
+    """The first call's peak memory: none at all above its start is "—" (explained in a note), not "0 B"."""
+    if peak is None:
+        return None
+    return "—" if peak == 0 else format_bytes(peak)
 
 
 def _agreement(row: FormatRow) -> str:
