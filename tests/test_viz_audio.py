@@ -11,6 +11,7 @@ import wave
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 
 import handlerkit as hk
 from _new_users import AUDIO_RATE, png_bytes, truncated_wav, wav_bytes
@@ -19,6 +20,7 @@ from handlerkit import viz
 from handlerkit.viz.audio import MAX_REQUESTS, audio_panels, players, players_html, read_wav
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.panel import Context
+from handlerkit.viz.shown import Shown
 
 
 def wav(samples: list[list[int]], *, width: int, rate: int) -> bytes:
@@ -59,6 +61,15 @@ def test_the_waveform_carries_its_samples_for_a_player():
     assert "<audio" in player._repr_html_()
     decoded, decoded_rate = read_wav(player.data)  # the player plays the request's samples
     assert decoded_rate == AUDIO_RATE and torch.allclose(decoded[0], torch.from_numpy(samples), atol=1 / 32767)
+
+
+def test_show_puts_a_player_under_the_waveform_in_a_notebook():
+    shown = viz.show([wav_bytes(440.0), wav_bytes(880.0)])
+    assert isinstance(shown, Shown) and len(shown.figure.get_axes()) == 2  # a waveform each, one under the other
+    page = shown._repr_html_()
+    assert page.index("data:image/png") < page.index("<audio") and page.count("<audio") == 2
+    assert [p.title for p in shown.panels] == ["listen"]
+    assert isinstance(viz.show(png_bytes()), Figure)  # no audio, no player: a plain figure
 
 
 def test_8_bit_stereo_is_read_and_its_first_channel_drawn():

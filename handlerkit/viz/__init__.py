@@ -142,11 +142,27 @@ def _show(
             fix="draw it yourself meanwhile (hk.summary(obj) gives its numbers), and report the case",
         ) from exc
     display_as_png()
-    if len(pictures) == len(panels):
+    html = [p for p in panels if p.kind == "html"]
+    html += _players(pictures)
+    if not html:
         return fig
     from handlerkit.viz.shown import Shown
 
-    return Shown(fig, [p for p in panels if p.kind == "html"], title)
+    return Shown(fig, html, title)
+
+
+def _players(pictures: list[Any]) -> list[Any]:
+    """An ``Audio`` player per clip the waveforms carry, as one HTML panel under the figure (none
+    without IPython, where nothing could play them)."""
+    import importlib.util
+
+    if importlib.util.find_spec("IPython") is None or not any(p.kind == "waveform" for p in pictures):
+        return []
+    from handlerkit.viz.audio import players_html
+    from handlerkit.viz.registry import html_panel
+
+    players = players_html(pictures)
+    return [html_panel("listen", players)] if players else []
 
 
 Show.__call__.__doc__ = _show.__doc__  # hk.show? in Jupyter shows the whole story
