@@ -115,6 +115,17 @@ def test_graph_break_is_reported_with_reason_file_line_and_source(break_dir):
     assert data["graph_breaks"][0]["line"] == BREAK_LINE and data["speedup"] == report.speedup
 
 
+def test_dynamos_own_graph_break_warning_is_not_said_again_on_stderr(break_dir, capfd):
+    """The report says the break with its line and fix; torch's stderr copy would say it twice."""
+    h = harness(break_dir, eager_pt2())
+    capfd.readouterr()
+    report = report_of(h, BATCH, repeat=1)
+    assert [b.line for b in report.graph_breaks] == [BREAK_LINE]
+    assert "Graph break" not in capfd.readouterr().err
+    handlers = logging.getLogger("torch._dynamo").handlers
+    assert handlers and not any(h.filters for h in handlers)  # torch's logging left as it was
+
+
 def test_report_leaves_the_handler_as_it_was(break_dir):
     h = harness(break_dir, eager_pt2())
     run = h.run(BATCH[:1])

@@ -244,6 +244,12 @@ def _metrics_now() -> list[Any]:
         return []
 
 
+def _said_by_the_report(record: logging.LogRecord) -> bool:
+    """Drops Dynamo's own graph-break warning on stderr while a report records the break (with
+    its source line and fix): said once, in the report, not twice in a notebook cell."""
+    return not (record.levelno == logging.WARNING and "Graph break" in record.getMessage())
+
+
 class DynamoEvents:
     """Collects the compiles, graph breaks and dynamic dimensions of the code run while open
     (it may be opened again: what it saw adds up)."""
@@ -254,6 +260,7 @@ class DynamoEvents:
         self._level: int | None = None
         self._before: list[Any] = []
         self._after: list[Any] | None = None
+        self._quieted: list[logging.Handler] = []
 
     def __enter__(self) -> DynamoEvents:
         self._before = _metrics_now()
@@ -262,9 +269,15 @@ class DynamoEvents:
         if not logger.isEnabledFor(logging.DEBUG):
             self._level = logger.level
             logger.setLevel(logging.DEBUG)
+        self._quieted = list(logging.getLogger("torch._dynamo").handlers)
+        for handler in self._quieted:
+            handler.addFilter(_said_by_the_report)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for handler in self._quieted:
+            handler.removeFilter(_said_by_the_report)
+        self._quieted = []
         if self._logger is not None:
             self._logger.removeHandler(self._collector)
             if self._level is not None:
