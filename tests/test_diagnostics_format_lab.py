@@ -206,6 +206,20 @@ def test_the_best_is_declared_only_beyond_the_runs_noise():
     assert repr(clear) == "<FormatReport formats of H (batch 2, cpu): best: onnx>"
 
 
+def test_a_lead_measured_on_a_busy_machine_is_not_called_best():
+    from handlerkit import devices
+    from handlerkit.diagnostics.noise import Conditions
+
+    rows = [_timed("eager", 2.0, 2.1, 2.2), _timed("onnx", 1.0, 1.1, 1.0)]
+    busy = FormatReport("H", 2, rows=rows, conditions=Conditions(devices.CpuThreads(1, 1, 2, 4.2)))
+    assert repr(busy) == (
+        "<FormatReport formats of H (batch 2, cpu): fastest here: onnx, measured at load 4.2 on 2 core(s) "
+        "(time it on a quiet machine to call it best)>"
+    )
+    quiet = FormatReport("H", 2, rows=rows, conditions=Conditions(devices.CpuThreads(1, 1, 2, 0.4)))
+    assert repr(quiet) == "<FormatReport formats of H (batch 2, cpu): best: onnx>"
+
+
 def test_the_lab_says_what_it_was_timed_under_and_warns_on_a_busy_machine(tmp_path, monkeypatch):
     from handlerkit import devices
 

@@ -122,6 +122,13 @@ class Conditions:
     def warning(self) -> str | None:
         return self.threads.warning
 
+    @property
+    def busy(self) -> str | None:
+        """``"at load 4.2 on 2 cores"`` when the 1-minute load was at least the usable cores
+        (other work shared them, so a lead between timings may be the load's), else None."""
+        load, cores = self.threads.load, self.threads.cores
+        return f"at load {load:.1f} on {cores} core(s)" if load is not None and load >= cores else None
+
     def notes(self) -> list[str]:
         """The report's notes: the threads, and the warning when there is one."""
         return [f"torch: {self.threads}", *([self.warning] if self.warning else [])]

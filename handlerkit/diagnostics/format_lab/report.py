@@ -166,7 +166,10 @@ class FormatReport(Rendered):
         failed = [r.format for r in self.rows if not r.exported]
         differ = [r.format for r in self.rows if r.exported and not r.agrees]
         verdict = self.verdict.reason if self.verdict.fastest else "no format agrees with eager"
-        parts = [f"best: {best.format}" if best is not None else verdict]  # or "no clear winner (within noise: ...)"
+        busy = self.conditions.busy if self.conditions is not None else None
+        if best is not None and busy:  # a lead measured while other work shared the cores is no verdict
+            verdict = f"fastest here: {best.format}, measured {busy} (time it on a quiet machine to call it best)"
+        parts = [f"best: {best.format}" if best is not None and not busy else verdict]  # or "no clear winner (...)"
         if failed:
             parts.append(f"not exported: {', '.join(failed)}")
         if differ:
