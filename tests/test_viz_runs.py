@@ -126,5 +126,6 @@ def test_a_streamed_run_fits_with_short_labels_its_texts_as_html_and_its_first_c
         letters = "".join(c.body.decode() for c in stream.chunks)  # a character a chunk: read as text
         cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", page)]
         assert any(row[-2:] == [letters, answer] for row in cells)
+    assert "chunk texts, in order (a character each)" in page  # no '·' promised where none is drawn
     kinds = [p.kind for p in panels(run)]  # the timeline; chunk texts and prompts' ids as HTML
     assert kinds[0] == "timeline" and set(kinds[1:]) == {"html"} and "table" not in kinds
