@@ -51,6 +51,25 @@ class ArgmaxLinear(torch.nn.Module):
 
 #: Linear(4, 3) + relu + Linear(3, 3). ``torch.relu`` (not nn.ReLU) so that torch's
 #: ``relu_compile_error_TESTING_ONLY`` backend sees it and fails.
+#: A forward with a deliberate graph break: ``.item()`` on line 11 of model.py.
+BREAK_MODEL_PY = '''\
+import torch
+
+
+class Breaky(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum().item() > 0:
+            y = y * 2
+        return y
+'''
+BREAK_LINE = 11
+
+
 MLP_MODEL_PY = '''\
 import torch
 
@@ -446,6 +465,8 @@ def custom_metrics_yaml(tmp_path: Path) -> Path:
 
 __all__ = [
     "ARGMAX_MODEL_PY",
+    "BREAK_LINE",
+    "BREAK_MODEL_PY",
     "ARGMAX_LINEAR_MODEL_PY",
     "MLP_MODEL_PY",
     "CNN_MODEL_PY",

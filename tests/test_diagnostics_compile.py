@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import MLP_MODEL_PY, eager_manifest, format_context, write_model_dir
+from conftest import BREAK_LINE, BREAK_MODEL_PY, MLP_MODEL_PY, eager_manifest, format_context, write_model_dir
 from torch._dynamo.eval_frame import OptimizedModule
 
 import handlerkit as hk
@@ -25,23 +25,6 @@ from handlerkit.diagnostics.compile import CompileReport, compile_report
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.handlers.base import BaseHandler
 
-#: A forward with a deliberate graph break: ``.item()`` on line 11 of model.py.
-BREAK_MODEL_PY = '''\
-import torch
-
-
-class Breaky(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        y = self.fc(x)
-        if y.sum().item() > 0:
-            y = y * 2
-        return y
-'''
-BREAK_LINE = 11
 BATCH = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]]
 
 

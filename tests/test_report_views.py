@@ -22,7 +22,7 @@ from _stateful_handlers import SEQUENCE_CONFIG, SEQUENCE_SUM, model_dir
 from _v2_fake import fake_v2_server
 
 import handlerkit as hk
-from conftest import MLP_MODEL_PY, eager_manifest, write_model_dir
+from conftest import BREAK_MODEL_PY, MLP_MODEL_PY, eager_manifest, write_model_dir
 from handlerkit import archive
 from handlerkit._text import STYLE, format_number, render_html, render_text
 from handlerkit.cli.inspect import inspect_path
@@ -33,23 +33,8 @@ from handlerkit.serving.v2_check import check
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BREAK_MODEL_PY = '''\
-import torch
-
-
-class Breaky(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        y = self.fc(x)
-        if y.sum().item() > 0:
-            y = y * 2
-        return y
-
-# test_report_views: a source of its own, so no earlier test's compile is reused
-'''
+#: A source of its own (a comment added), so no earlier test's compile is reused.
+BREAK_SOURCE = BREAK_MODEL_PY + "# test_report_views\n"
 BATCH = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]]
 
 
@@ -106,7 +91,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         out["CheckReport"] = h.check(data, progress=False)
         out["DeviceReport"] = h.device_report()
         out["ProfileReport"] = h.profile(data, top=3, progress=False)
-        breaky = write_model_dir(tmp / "breaky", BREAK_MODEL_PY)
+        breaky = write_model_dir(tmp / "breaky", BREAK_SOURCE)
         pt2 = {"pt2": {"compile": {"enable": True, "backend": "eager"}}}
         ctx = hk.MockContext(model_dir=breaky, gpu_id=None, manifest=eager_manifest(), model_yaml_config=pt2)
         out["CompileReport"] = compile_report(
