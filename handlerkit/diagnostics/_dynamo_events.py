@@ -245,8 +245,7 @@ def _metrics_now() -> list[Any]:
 
 
 def _said_by_the_report(record: logging.LogRecord) -> bool:
-    """Drops Dynamo's own graph-break warning on stderr while a report records the break (with
-    its source line and fix): said once, in the report, not twice in a notebook cell."""
+    """Drops Dynamo's stderr warning of a graph break the report records (said once, there)."""
     return not (record.levelno == logging.WARNING and "Graph break" in record.getMessage())
 
 
