@@ -190,7 +190,7 @@ def test_handlerkit_check_names_the_file_of_the_request_postprocess_fails_for(tm
     assert problem["fix"].startswith(f"{files[2]} fails postprocess alone where {files[0]} passes")
     code = main(["check", str(path), *files])
     out = capsys.readouterr().out
-    assert code == 1 and f"postprocess failed in Scores for {files[2]}: ValueError" in out
+    assert code == 1 and f"postprocess failed in Scores for {files[2]}: ValueError" in " ".join(out.split())  # wrapped
 
 
 # -- only together, or each alone ------------------------------------------------------------
