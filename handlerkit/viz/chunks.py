@@ -40,18 +40,19 @@ def chunk_text_panel(run: Run) -> Panel:
 
     streams = {s.index: s for s in run.streams}
     answers = run.output if isinstance(run.output, list) else []
-    rows = []
+    rows: list[tuple[str, int, list[str], str]] = []
     for index in range(min(max(run.batch_size, max(streams, default=-1) + 1), MAX_ROWS)):
         stream = streams.get(index)
         chunks = [c for c in stream.chunks if c.frame_code == 200] if stream is not None else []
         final = answers[index] if index < len(answers) else None
         label = f"{index} ({short_id(stream.request_id)})" if stream is not None else str(index)
-        rows.append([label, len(chunks), [_text(c.body) for c in chunks], _text(final) if final is not None else ""])
+        rows.append((label, len(chunks), [_text(c.body) for c in chunks], _text(final) if final is not None else ""))
     by_character = all(len(t) <= 1 for row in rows for t in row[2])  # a character a chunk: read as one text
-    for row in rows:
-        row[2] = ("" if by_character else " · ").join(row[2])
+    between = "" if by_character else " · "
     texts = "chunk texts, in order (a character each)" if by_character else "chunk texts, in order (· between chunks)"
-    body = render_html(["request", "chunks", texts, "final answer"], rows)
+    body = render_html(
+        ["request", "chunks", texts, "final answer"], [(a, n, between.join(t), f) for a, n, t, f in rows]
+    )
     return html_panel(f"chunk texts: {len(run.chunks)} chunks", body)
 
 
