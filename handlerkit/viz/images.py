@@ -25,8 +25,8 @@ __all__ = [
     "grid",
     "heatmap_panel",
     "images_panel",
+    "pixel_scale",
     "unit_images",
-    "whole_numbers",
 ]
 
 MAX_VALUE_ROWS, MAX_VALUE_COLS = 24, 12  # the largest heat map with its values written in
@@ -150,9 +150,10 @@ def unit_images(x: torch.Tensor, view: HandlerView) -> tuple[torch.Tensor, str]:
         note = f"not de-normalised: {view.normalize_at} normalises {len(view.mean)} channels, the image has {channels}"
     bounds = finite_range(x)
     x = torch.nan_to_num(x, nan=0.0, posinf=1.0, neginf=0.0)
-    if bounds is None or (bounds[0] >= -0.1 and bounds[1] <= 1.1):  # resizing overshoots a little
+    scale = pixel_scale(x, bounds) if bounds is not None else 1.0
+    if scale == 1.0:
         return x.clamp(0, 1), note or "values in [0, 1]"
-    if bounds[0] >= 0 and bounds[1] <= 255 and whole_numbers(x):  # 8-bit pixels held as floats, nothing else
+    if scale == 255.0:
         return (x / 255.0).clamp(0, 1), (note + "; " if note else "") + "0-255 values scaled to [0, 1]"
     flat = x.flatten(1)
     low, high = flat.amin(1).view(-1, 1, 1, 1), flat.amax(1).view(-1, 1, 1, 1)
@@ -176,6 +177,18 @@ def grid(images: list[torch.Tensor] | torch.Tensor, pad_value: float = 1.0) -> A
     pad = pad_value if images.is_floating_point() else int(pad_value * 255)
     out = make_grid(images, nrow=columns(images.shape[0]), padding=2, pad_value=pad)
     return out.permute(1, 2, 0).cpu().numpy()
+
+
+def pixel_scale(x: torch.Tensor, bounds: tuple[float, float]) -> float | None:
+    """How `x`, whose finite values lie in `bounds`, holds pixels: 1.0 for values in [0, 1]
+    (``ToTensor``'s; resizing overshoots a little), 255.0 for whole numbers in [0, 255] (8-bit
+    pixels as floats); None when its values are no pixels' (a spectrogram, a feature map)."""
+    low, high = bounds
+    if low >= -0.1 and high <= 1.1:
+        return 1.0
+    if low >= 0 and high <= 255 and whole_numbers(x):
+        return 255.0
+    return None
 
 
 def whole_numbers(x: torch.Tensor, probe: int = 4096) -> bool:

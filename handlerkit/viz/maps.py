@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from handlerkit.viz.images import whole_numbers
+from handlerkit.viz.images import pixel_scale
 from handlerkit.viz.panel import Context, Panel, finite_range, first, shrink
 
 __all__ = ["MAP_SIDE", "MAX_MAPS", "is_map", "maps_panel"]
@@ -56,12 +56,7 @@ def _bounds_of_map(maps: torch.Tensor, ctx: Context) -> tuple[float, float] | No
     if ctx.view.mean:
         return None
     bounds = finite_range(maps)
-    if bounds is None:
-        return None
-    low, high = bounds
-    if low >= -0.1 and high <= 1.1:
-        return None
-    if low >= 0 and high <= 255 and whole_numbers(torch.nan_to_num(maps)):  # 8-bit pixels held as floats
+    if bounds is None or pixel_scale(torch.nan_to_num(maps), bounds) is not None:
         return None
     return bounds
 
