@@ -13,7 +13,7 @@ archiver time / handlerkit time (p25..p75 shows the spread). Then the checks:
 the two manifests are equal but for ``createdOn``, the archives hold the same files, and the
 handlerkit archive opens in handlerkit (``MockContext.from_mar``) and its handler, run by the
 Harness, reads every weight (the tensor's sum matches). Serving it under the real TorchServe
-is tests/test_archive_torchserve.py's job.
+is tests/archive/test_torchserve.py's job.
 
 Target (issue 12): build >= 5x faster than torch-model-archiver.
 

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 import handlerkit as hk
-from handlerkit.isolation import model_dir_imports
+from handlerkit.worker.isolation import model_dir_imports
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness_overhead import resnet18_model_dir  # noqa: E402  (one resnet18 model dir for all benchmarks)

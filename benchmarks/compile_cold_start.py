@@ -129,7 +129,7 @@ def folders(source: str, batch: Any, root: str) -> dict[str, str]:
 
     from handlerkit import archive
     from handlerkit.formats import export_model
-    from handlerkit.served_format import save_format
+    from handlerkit.formats.saved import save_format
 
     config_path = os.path.join(source, "model-config.yaml")
     config: dict[str, Any] = {}

@@ -63,9 +63,10 @@ def plain(h: Any, batch: Any, formats: list[str], repeat: int, warmup: int, work
 
 
 def model_dirs(tmp: str) -> list[tuple[str, str, Any]]:
-    import handlerkit as hk
     from builtin_vs_torchserve import photo_jpegs
     from harness_overhead import resnet18_model_dir
+
+    import handlerkit as hk
 
     images = ROOT / "fixtures" / "images"
     fixture = hk.batch(*(hk.Request.from_file(images / f"{n}.png") for n in ("circle", "square", "star")))

@@ -43,7 +43,7 @@ import torch
 
 import handlerkit as hk
 from handlerkit.cli import demo_paths
-from handlerkit.memory import MemoryTracker
+from handlerkit.worker.memory import MemoryTracker
 
 
 def resnet18_model_dir(root: str) -> str:
@@ -205,7 +205,7 @@ def syscall_table(n: int = 20000) -> str:
     tight loop of n; next to a model each costs more: its caches are the model's too)."""
     import resource
 
-    from handlerkit import memory
+    from handlerkit.worker import memory
 
     here = os.getcwd()
     fd = os.open(here, os.O_RDONLY)

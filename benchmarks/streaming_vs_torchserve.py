@@ -158,11 +158,11 @@ def main() -> int:
         if importlib.util.find_spec(package) is None:
             print(f"needs {package}: pip install 'handlerkit[test,ray]'")
             return 2
+    import _ts_server
     import psutil
     import ray
     from ray import serve
 
-    import _ts_server
     from handlerkit.serving.ray import app
 
     cases = expected()

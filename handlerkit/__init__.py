@@ -10,27 +10,30 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from handlerkit import _moved
+
 __version__ = "0.1.0"
 
 logging.getLogger("handlerkit").addHandler(logging.NullHandler())
+_moved.install()  # old import paths (handlerkit.context ...) work for one more release, with a warning
 
 _EXPORTS = {
-    "MockContext": "handlerkit.context",
-    "RequestProcessor": "handlerkit.context",
-    "Request": "handlerkit.requests",
-    "Batch": "handlerkit.batches",
-    "batch": "handlerkit.batches",
+    "MockContext": "handlerkit.worker.context",
+    "RequestProcessor": "handlerkit.worker.context",
+    "Request": "handlerkit.worker.requests",
+    "Batch": "handlerkit.worker.batches",
+    "batch": "handlerkit.worker.batches",
     "BaseHandler": "handlerkit.handlers.base",
     "PerRequestErrors": "handlerkit.handlers.request_errors",
     "handlers": "handlerkit.handlers",
     "Harness": "handlerkit.harness",
     "Service": "handlerkit.service",
     "Sequences": "handlerkit.sequences",
-    "StageResult": "handlerkit.results",
-    "Run": "handlerkit.results",
-    "ModelConfig": "handlerkit.config",
-    "load_config": "handlerkit.config",
-    "resolve_handler": "handlerkit.loading",
+    "StageResult": "handlerkit.recording.results",
+    "Run": "handlerkit.recording.results",
+    "ModelConfig": "handlerkit.worker.config",
+    "load_config": "handlerkit.worker.config",
+    "resolve_handler": "handlerkit.worker.loading",
     "HandlerkitError": "handlerkit.errors",
     "ConfigError": "handlerkit.errors",
     "HandlerLoadError": "handlerkit.errors",
@@ -39,7 +42,7 @@ _EXPORTS = {
     "PredictionException": "handlerkit.errors",
     "HandlerkitWarning": "handlerkit.errors",
     "RequestError": "handlerkit.errors",
-    "send_intermediate_predict_response": "handlerkit.streaming",
+    "send_intermediate_predict_response": "handlerkit.worker.streaming",
     "Stepper": "handlerkit.widgets",
     "show": "handlerkit.viz",
     "summary": "handlerkit.viz",
@@ -80,12 +83,6 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from handlerkit import handlers as handlers
-    from handlerkit.batches import Batch as Batch
-    from handlerkit.batches import batch as batch
-    from handlerkit.config import ModelConfig as ModelConfig
-    from handlerkit.config import load_config as load_config
-    from handlerkit.context import MockContext as MockContext
-    from handlerkit.context import RequestProcessor as RequestProcessor
     from handlerkit.errors import ConfigError as ConfigError
     from handlerkit.errors import HandlerkitError as HandlerkitError
     from handlerkit.errors import HandlerkitWarning as HandlerkitWarning
@@ -97,16 +94,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from handlerkit.handlers.base import BaseHandler as BaseHandler
     from handlerkit.handlers.request_errors import PerRequestErrors as PerRequestErrors
     from handlerkit.harness import Harness as Harness
-    from handlerkit.loading import resolve_handler as resolve_handler
-    from handlerkit.requests import Request as Request
-    from handlerkit.results import Run as Run
-    from handlerkit.results import StageResult as StageResult
+    from handlerkit.recording.results import Run as Run
+    from handlerkit.recording.results import StageResult as StageResult
     from handlerkit.sequences import Sequences as Sequences
     from handlerkit.service import Service as Service
-    from handlerkit.streaming import send_intermediate_predict_response as send_intermediate_predict_response
     from handlerkit.viz import show as show
     from handlerkit.viz import summary as summary
     from handlerkit.widgets import Stepper as Stepper
+    from handlerkit.worker.batches import Batch as Batch
+    from handlerkit.worker.batches import batch as batch
+    from handlerkit.worker.config import ModelConfig as ModelConfig
+    from handlerkit.worker.config import load_config as load_config
+    from handlerkit.worker.context import MockContext as MockContext
+    from handlerkit.worker.context import RequestProcessor as RequestProcessor
+    from handlerkit.worker.loading import resolve_handler as resolve_handler
+    from handlerkit.worker.requests import Request as Request
+    from handlerkit.worker.streaming import send_intermediate_predict_response as send_intermediate_predict_response
 
 
 def __getattr__(name: str) -> Any:

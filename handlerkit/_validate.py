@@ -1,6 +1,6 @@
 """Type checks for YAML values, and the collector of what a config parser finds.
 
-Shared by :mod:`handlerkit.config` and :mod:`handlerkit.pt2`. A parser records *problems*
+Shared by :mod:`handlerkit.worker.config` and :mod:`handlerkit.worker.pt2`. A parser records *problems*
 (values TorchServe would fail on or ignore: errors, each with its key path and, when known,
 its fix) and *notes* (warnings) in one :class:`Findings`, then raises every problem at once
 as a single :class:`~handlerkit.errors.ConfigError`.

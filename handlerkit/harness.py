@@ -10,7 +10,7 @@ A notebook session with a handler looks like this::
     h.inference()                       # takes the preprocess output
     h.postprocess().output              # [{"circle": 0.99, ...}]
 
-Each stage returns a :class:`~handlerkit.results.StageResult` and is kept in
+Each stage returns a :class:`~handlerkit.recording.results.StageResult` and is kept in
 ``h.results[stage]``. Re-running a stage drops the results after it; ``h.inference(x)`` runs
 from a tensor of your own. An exception inside a stage becomes a
 :class:`~handlerkit.errors.StageError` naming the stage, the handler, the request, the line of
@@ -32,18 +32,18 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from handlerkit._stack import user_stacklevel
-from handlerkit.batches import Batch
-from handlerkit.contract import STAGES, HeaderReads, Problem, check_output, skipped_stages
 from handlerkit.diagnostics.reports import Reports
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.recording import failures, spy
 from handlerkit.recording import reload as reloading
 from handlerkit.recording.capture import Capture, ListHandler, enable_info_logs
 from handlerkit.recording.recorder import Recorder
-from handlerkit.results import Run, StageResult, run_mode
+from handlerkit.recording.results import Run, StageResult, run_mode
 from handlerkit.service import Service, WorkingDir
-from handlerkit.streaming import Chunk, ChunkSocket, collect, streamed
-from handlerkit.timer import Timer
+from handlerkit.worker.batches import Batch
+from handlerkit.worker.contract import STAGES, HeaderReads, Problem, check_output, skipped_stages
+from handlerkit.worker.streaming import Chunk, ChunkSocket, collect, streamed
+from handlerkit.worker.timer import Timer
 
 __all__ = ["Harness"]
 
@@ -56,7 +56,7 @@ class Harness(Reports):
     Args:
         handler: a handler instance, a handler class (built with no arguments), a TorchServe
             spec string (``"image_classifier"``, ``"handler.py"``, ``"handler.py:handle"``)
-            resolved by :mod:`handlerkit.loading` in the context's model dir, a module-level
+            resolved by :mod:`handlerkit.worker.loading` in the context's model dir, a module-level
             function ``handle(data, context)``, a :class:`~handlerkit.service.Service`, or None
             for the manifest's handler. :meth:`open` takes a model dir or a ``.mar``.
         context: the context handed to the handler; a :class:`~handlerkit.MockContext` of the
@@ -324,7 +324,7 @@ class Harness(Reports):
     def preprocess(self, batch_or_data: Any) -> StageResult:
         """Bind the batch to the context and run ``preprocess(data)``.
 
-        ``batch_or_data`` is a :class:`~handlerkit.batches.Batch`, a Request, or any list
+        ``batch_or_data`` is a :class:`~handlerkit.worker.batches.Batch`, a Request, or any list
         ``handle`` accepts (request dicts, or raw items such as ``[[1.0, 2.0]]``).
         """
         self._need_stage_methods("preprocess")
@@ -456,7 +456,7 @@ class Harness(Reports):
 
     def stream(self, batch_or_data: Any) -> Generator[Chunk, None, Run]:
         """:meth:`run` in a worker thread, yielding each chunk a streaming handler sends as it
-        sends it (:class:`~handlerkit.streaming.Chunk`: request, payload, status, headers, time):
+        sends it (:class:`~handlerkit.worker.streaming.Chunk`: request, payload, status, headers, time):
         ``for chunk in h.stream(batch): print(chunk.index, chunk.text)``. It returns the Run (``h.last_run`` too); a failing handler raises its StageError from it
         and the harness stays usable. Breaking out early waits for ``handle`` to finish."""
         reloading.warn_if_changed(self.service)  # here: run() warns from a worker thread
@@ -494,7 +494,7 @@ class Harness(Reports):
 def _wrapped(envelope: Any, output: Any) -> Any:
     """What the worker's envelope answers for ``output``: formatted, unless it is empty (then
     it goes back as it is, for the worker to reject), as :meth:`Envelope.handle
-    <handlerkit.envelopes.Envelope.handle>` does after calling ``handle``."""
+    <handlerkit.worker.envelopes.Envelope.handle>` does after calling ``handle``."""
     if output is None or (isinstance(output, (list, tuple, dict, str)) and not output):
         return output
     return envelope.format_output(output)

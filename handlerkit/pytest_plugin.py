@@ -24,7 +24,7 @@ Options:
         run ends with the list of files written.
 
 Fixtures (all ``hk_``-prefixed, so they cannot clash with a project's own):
-    ``hk_context``: a fresh :class:`~handlerkit.context.MockContext` of the configured model
+    ``hk_context``: a fresh :class:`~handlerkit.worker.context.MockContext` of the configured model
         (``MockContext.from_mar`` for a ``.mar`` or ``.tar.gz``: extracted into a temp dir that
         is removed when the test ends), per test.
     ``hk_harness``: a factory, ``hk_harness(handler=None, context=None, **kwargs)`` → a
@@ -106,7 +106,7 @@ def _configured_context(request: pytest.FixtureRequest) -> Any:
             f"{'the ini value is relative to the ini file' if source != _OPTION else 'it is relative to the current directory'})",
             pytrace=False,
         )
-    from handlerkit.context import MockContext
+    from handlerkit.worker.context import MockContext
 
     try:
         context = MockContext.from_model_dir(path)  # an archive is unpacked into a temp dir: ctx.archive

@@ -16,7 +16,7 @@ requests join. :class:`Sequences` plays the frontend's part around a
   the order the sequences opened, up to ``batchSize`` requests; under continuous batching
   (``SequenceContinuousBatching``) the running batch holds up to ``2 * batchSize`` (TorchServe
   0.12 hard-codes the factor), the requests still running first, then those joining (the
-  rule, shared with the Ray replica's loop: :mod:`handlerkit.sequence_batches`).
+  rule, shared with the Ray replica's loop: :mod:`handlerkit.worker.sequence_batches`).
 - **Unfinished requests**: the worker's ``create_predict_response`` sets each final answer's
   ``ts_stream_next`` header: from ``context.stopping_criteria[idx](answer)`` when the handler
   set them (False → ``"true"``, True → ``"false"``, None → left as it is), else a ``"true"``
@@ -58,12 +58,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from handlerkit._render import Rendered, Table
-from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
-from handlerkit.requests import Request
-from handlerkit.results import Run
-from handlerkit.sequence_batches import capacity, next_batch, resent
-from handlerkit.streaming import Chunk, final_stream_next
+from handlerkit.recording.results import Run
+from handlerkit.worker.batches import Batch
+from handlerkit.worker.requests import Request
+from handlerkit.worker.sequence_batches import capacity, next_batch, resent
+from handlerkit.worker.streaming import Chunk, final_stream_next
 
 __all__ = ["Job", "Sequence", "Sequences", "Step"]
 
@@ -161,7 +161,7 @@ class Step(Rendered):
             as the worker sets it; empty when the batch failed).
         left: those finished after it (``cancelled``: those of them its sequence's cancel
             request ended); ``ended``: sequences it closed.
-        run: the Harness's :class:`~handlerkit.results.Run` (None when the batch failed).
+        run: the Harness's :class:`~handlerkit.recording.results.Run` (None when the batch failed).
         cache: a copy of ``context.cache`` after it (dicts and lists copied, other values shared).
         error: the failure that ended the whole batch, else None.
     """

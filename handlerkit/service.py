@@ -14,15 +14,15 @@ What it does, in the worker's order (``ts/model_loader.py``, ``ts/service.py``):
 
 1. **opens** a model dir or an archive (``.mar``, ``.tar.gz``: unpacked into a temporary dir
    the service owns and removes on :meth:`close`) into a context
-   (:meth:`MockContext.from_model_dir <handlerkit.context.MockContext.from_model_dir>`);
+   (:meth:`MockContext.from_model_dir <handlerkit.worker.context.MockContext.from_model_dir>`);
 2. **takes the manifest's handler** unless given one, in any form: a spec string (resolved by
-   :func:`handlerkit.loading.resolve_handler`, from the files as they are now), a class (built
+   :func:`handlerkit.worker.loading.resolve_handler`, from the files as they are now), a class (built
    with no arguments), an instance, or a module-level ``handle(data, context)`` function;
 3. **takes the entry point before** ``initialize`` runs: a ``handle`` set on the instance in
    ``__init__`` counts, one set in ``initialize`` does not; a service envelope (``json``,
    ``kserve``, ``kservev2``) is wrapped around it;
 4. **runs** ``initialize`` and every batch under the model dir's imports
-   (:func:`handlerkit.isolation.model_dir_imports`) **and with the model dir as the working
+   (:func:`handlerkit.worker.isolation.model_dir_imports`) **and with the model dir as the working
    directory**: TorchServe's frontend starts the worker process in the model dir, so handlers
    open relative paths (``os.path.isfile("vocab.txt")``) and find them. In a notebook
    (``working_dir="call"``, the default) the previous working directory comes back after every
@@ -31,7 +31,7 @@ What it does, in the worker's order (``ts/model_loader.py``, ``ts/service.py``):
 5. **binds** each batch to the context (request ids, headers, fresh response statuses) before
    ``handle``, as the worker does;
 6. with ``asyncCommunication: true`` in the model config, **awaits** ``handle`` on an event loop
-   of the service's own, in a thread (:mod:`handlerkit.async_worker`), as TorchServe's async
+   of the service's own, in a thread (:mod:`handlerkit.worker.async_worker`), as TorchServe's async
    worker does: :meth:`handle` (and so ``h.run``) blocks until it is done, from a script or
    from a notebook whose own loop is running; :meth:`ahandle` awaits it from any event loop.
 
@@ -51,16 +51,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from handlerkit._stack import user_stacklevel
-from handlerkit.async_worker import WorkerLoop, awaiting, is_async_config, refusing_coroutines, unawaited
-from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, HandlerLoadError
-from handlerkit.freshness import Sources, module_of, stale
-from handlerkit.isolation import dir_modules, model_dir_imports
-from handlerkit.loading import instantiate, require_handle, resolve_handler
-from handlerkit.workdir import Directories
+from handlerkit.worker.async_worker import WorkerLoop, awaiting, is_async_config, refusing_coroutines, unawaited
+from handlerkit.worker.batches import Batch
+from handlerkit.worker.freshness import Sources, module_of, stale
+from handlerkit.worker.isolation import dir_modules, model_dir_imports
+from handlerkit.worker.loading import instantiate, require_handle, resolve_handler
+from handlerkit.worker.workdir import Directories
 
 if TYPE_CHECKING:
-    from handlerkit.envelopes import Envelope
+    from handlerkit.worker.envelopes import Envelope
 
 __all__ = ["Service", "WorkingDir", "class_bound", "is_base_handle"]
 
@@ -80,7 +80,7 @@ class Service:
         handler: a spec string (``"handler.py"``, ``"image_classifier"``,
             ``"handler.py:handle"``), a handler class (built with no arguments), an instance,
             or a ``handle(data, context)`` function; None takes the manifest's ``handler``.
-        context: the context handed to the handler (a :class:`~handlerkit.context.MockContext`
+        context: the context handed to the handler (a :class:`~handlerkit.worker.context.MockContext`
             of the current directory when None); its ``system_properties["model_dir"]`` is the
             model dir.
         envelope: a TorchServe service envelope wrapped around the entry point (``"json"``,
@@ -108,7 +108,7 @@ class Service:
         if working_dir not in _WORKING_DIRS:
             raise ValueError(f"working_dir must be 'call', 'process' or None: got {working_dir!r}")
         if context is None:
-            from handlerkit.context import MockContext
+            from handlerkit.worker.context import MockContext
 
             context = MockContext()
         self.context = context
@@ -173,7 +173,7 @@ class Service:
         An archive (``.mar``, ``.tar.gz``) is unpacked safely into a temporary dir that the
         service owns: :meth:`close` (or leaving a ``with`` block) removes it. The context's
         arguments are :meth:`MockContext.from_model_dir
-        <handlerkit.context.MockContext.from_model_dir>`'s; the rest are the constructor's.
+        <handlerkit.worker.context.MockContext.from_model_dir>`'s; the rest are the constructor's.
 
         Raises:
             ModelLoadError: no such model dir, or an unreadable manifest or config.
@@ -181,7 +181,7 @@ class Service:
                 bombs …).
             HandlerLoadError: as the constructor.
         """
-        from handlerkit.context import MockContext
+        from handlerkit.worker.context import MockContext
 
         context = MockContext.from_model_dir(
             model,
@@ -286,7 +286,7 @@ class Service:
         if self.envelope_name is None:
             self.envelope = None
         else:
-            from handlerkit.envelopes import get_envelope
+            from handlerkit.worker.envelopes import get_envelope
 
             self.envelope = get_envelope(self.envelope_name)(handle)  # one for the model's lifetime
             self.envelope.context = self.context

@@ -31,11 +31,11 @@ from typing import Any
 
 from handlerkit._compare import Difference, differences, shown
 from handlerkit._stack import user_stacklevel
-from handlerkit.batches import Batch
-from handlerkit.contract import Problem, check_statuses, response_statuses
 from handlerkit.errors import HandlerkitWarning, StageError
 from handlerkit.recording.locations import shown_at
 from handlerkit.summaries import describe
+from handlerkit.worker.batches import Batch
+from handlerkit.worker.contract import Problem, check_statuses, response_statuses
 
 __all__ = ["RequestFiles", "assert_batch_parity", "assert_contract", "assert_matches_golden", "label_request"]
 
@@ -105,7 +105,7 @@ def assert_contract(h: Any, batch: Any, *, strict: bool = False) -> Any:
     they are issued as :class:`~handlerkit.errors.HandlerkitWarning`. Batch parity is
     :func:`assert_batch_parity`'s (it takes several more runs).
 
-    Returns the :class:`~handlerkit.results.Run`, for further assertions.
+    Returns the :class:`~handlerkit.recording.results.Run`, for further assertions.
     """
     __tracebackhide__ = True
     batch = Batch.coerce(batch)
@@ -207,7 +207,7 @@ def assert_matches_golden(
     rtol: float = 1e-4,
     regen: bool | None = None,
 ) -> None:
-    """``run_or_output`` (a :class:`~handlerkit.results.Run`, or the output itself) must match the
+    """``run_or_output`` (a :class:`~handlerkit.recording.results.Run`, or the output itself) must match the
     JSON golden file at ``path``: same structure, dict keys in any order, numbers within
     ``atol + rtol * |golden|``.
 
@@ -258,8 +258,8 @@ class RequestFiles:
     the test file's directory), so a test reads the same from wherever pytest is started.
 
     ``file`` / ``form`` / ``batch`` resolve relative paths against :attr:`base` (absolute paths
-    are kept); ``json`` and ``text`` are :meth:`Request.json <handlerkit.requests.Request.json>`
-    and :meth:`Request.text <handlerkit.requests.Request.text>`. Requests made from files are
+    are kept); ``json`` and ``text`` are :meth:`Request.json <handlerkit.worker.requests.Request.json>`
+    and :meth:`Request.text <handlerkit.worker.requests.Request.text>`. Requests made from files are
     named by their path in failure messages of this module's assertions.
     """
 
@@ -274,8 +274,8 @@ class RequestFiles:
     def file(
         self, path: str | os.PathLike[str], content_type: str | None = None, name: str = "body", **kwargs: Any
     ) -> Any:
-        """:meth:`Request.from_file <handlerkit.requests.Request.from_file>` of ``self.path(path)``."""
-        from handlerkit.requests import Request
+        """:meth:`Request.from_file <handlerkit.worker.requests.Request.from_file>` of ``self.path(path)``."""
+        from handlerkit.worker.requests import Request
 
         resolved = self.path(path)
         if not resolved.is_file():
@@ -287,19 +287,19 @@ class RequestFiles:
         return label_request(Request.from_file(resolved, content_type, name, **kwargs), label)
 
     def json(self, obj: Any, **kwargs: Any) -> Any:
-        from handlerkit.requests import Request
+        from handlerkit.worker.requests import Request
 
         return Request.json(obj, **kwargs)
 
     def text(self, s: str, **kwargs: Any) -> Any:
-        from handlerkit.requests import Request
+        from handlerkit.worker.requests import Request
 
         return Request.text(s, **kwargs)
 
     def form(self, fields: dict[str, Any], **kwargs: Any) -> Any:
-        """:meth:`Request.form <handlerkit.requests.Request.form>`; ``Path`` values (alone or first
+        """:meth:`Request.form <handlerkit.worker.requests.Request.form>`; ``Path`` values (alone or first
         in a ``(path, content_type)`` pair) are resolved against :attr:`base`."""
-        from handlerkit.requests import Request
+        from handlerkit.worker.requests import Request
 
         def resolve(value: Any) -> Any:
             if isinstance(value, os.PathLike):

@@ -1,7 +1,7 @@
 """A small numpy model for MLServer (run by ``.venv-mlserver``, never imported by our venv).
 
 ``RowSums`` answers each row's sum of a ``features`` tensor (FP32, shape ``[-1, 4]``) as a
-``sums`` tensor (FP32, ``[n, 1]``): tests/test_serving_v2_check_mlserver.py serves it with
+``sums`` tensor (FP32, ``[n, 1]``): tests/serving/test_v2_check_mlserver.py serves it with
 ``mlserver start`` and runs the Open Inference Protocol v2 check against it.
 """
 

@@ -1,4 +1,4 @@
-"""A real TorchServe 0.12 on loopback, for ``tests/test_torchserve_server.py``.
+"""A real TorchServe 0.12 on loopback, for ``tests/integration/test_torchserve_server.py``.
 
 Everything a server run touches lives under one folder of the test's choosing: the model
 store, ``config.properties``, the logs, the JVM's temp dir (where the frontend unpacks the

@@ -200,7 +200,7 @@ def _save(image: Any, path: Path, **options: Any) -> Path:
 def _model_class(model_py: Path) -> type:
     """The one class a stand-in model file defines, imported in its folder's own imports (its
     ``from fcn import FCNHead`` finds the folder's ``fcn.py``, and leaves with the block)."""
-    from handlerkit.isolation import model_dir_imports
+    from handlerkit.worker.isolation import model_dir_imports
 
     with model_dir_imports(model_py.parent):
         spec = importlib.util.spec_from_file_location(f"_standin_{model_py.parent.name}_{model_py.stem}", model_py)

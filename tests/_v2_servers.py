@@ -23,7 +23,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
-
 from _ts_server import HOST, free_ports, tail
 
 ROOT = Path(__file__).resolve().parents[1]

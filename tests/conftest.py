@@ -206,7 +206,7 @@ def ts_imports(model_dir: Path | str) -> Iterator[None]:
     TorchServe's BaseHandler imports ``modelFile`` with ``importlib.import_module("model")``;
     in one test process several dirs have a model.py, so each must be isolated.
     """
-    from handlerkit.loading import model_dir_imports
+    from handlerkit.worker.loading import model_dir_imports
 
     with model_dir_imports(model_dir):
         yield
@@ -446,7 +446,7 @@ def restores_imports() -> Iterator[None]:
     modules it imported from model dirs are forgotten afterwards."""
     import sys
 
-    from handlerkit import isolation
+    from handlerkit.worker import isolation
 
     path_before = list(sys.path)
     yield

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import io
-import os
 import json
 import logging
 import math
+import os
 import textwrap
 import warnings
 
 import pytest
 import torch
+from _strict import Strict
+from _tabular import FEATURES, tabular_dir
 from PIL import Image
 
 import handlerkit as hk
-from _strict import Strict
-from _tabular import FEATURES, tabular_dir
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.handlers.image_classifier import ImageClassifier
 
@@ -529,7 +529,7 @@ def test_reload_runs_the_new_source_even_within_the_same_second(model_dir, image
 def test_device_report_gpu_facts_with_faked_cuda(harness, images, monkeypatch):
     from types import SimpleNamespace
 
-    import handlerkit.devices as device_mod
+    import handlerkit.worker.devices as device_mod
 
     harness.run(hk.batch(images[0]))
     monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
@@ -554,7 +554,7 @@ def test_device_report_gpu_facts_with_faked_cuda(harness, images, monkeypatch):
 def test_run_makes_no_syscall_for_the_model_dir(harness, images, monkeypatch):
     # Between two bursts of torch work a stat costs several microseconds: a loop of runs
     # (time(), sweep(), the overhead benchmark) must not pay it on every run.
-    from handlerkit import isolation
+    from handlerkit.worker import isolation
 
     batch = hk.batch(images[0])
     harness.run(batch)
@@ -667,7 +667,7 @@ class Instances(hk.BaseHandler):
 
 
 def test_stepping_under_an_envelope_agrees_with_run(tmp_path):
-    from handlerkit.envelopes import request
+    from handlerkit.worker.envelopes import request
 
     ctx = hk.MockContext.from_model_dir(tabular_dir(tmp_path / "tabular", base="handlerkit"))
     h = hk.Harness(Instances, ctx, envelope="json")

@@ -11,8 +11,9 @@ records in ``results.py``, never the ``Harness`` class, so they sit *below* it, 
 records (results, capture, recorder, failures);  6. diagnostics;  7. the Harness;  8. front
 ends.  The package ``__init__`` is the facade above them all.
 
-The tests mirror the package: every module has a test module named after it
-(``handlerkit/pkg/mod.py`` → ``tests/test_pkg_mod.py`` or ``tests/test_pkg.py``), checked below.
+The layers are folders (``worker/``, ``formats/``, ``archive/``, ``handlers/`` ...; a few distinct
+nouns at the top), and the tests mirror the package folder by folder: every module has a test
+module named after it (``handlerkit/pkg/mod.py`` → ``tests/pkg/test_mod.py``), checked below.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "handlerkit"
 
 LAYERS: dict[str, int] = {
-    # 1. base
+    # 1. base: errors, text and rendering helpers, optional deps, stacklevel, one-line summaries
     "handlerkit.errors": 1,
     "handlerkit._text": 1,
     "handlerkit._render": 1,
@@ -39,45 +40,17 @@ LAYERS: dict[str, int] = {
     "handlerkit._validate": 1,
     "handlerkit._progress": 1,
     "handlerkit._compare": 1,
-    # 2. the TorchServe model
-    "handlerkit.devices": 2,
-    "handlerkit.timer": 2,
-    "handlerkit.memory": 2,
-    "handlerkit.contract": 2,
-    "handlerkit.context": 2,
-    "handlerkit.request_processor": 2,
-    "handlerkit.metrics": 2,
-    "handlerkit.metrics_config": 2,
-    "handlerkit.requests": 2,
-    "handlerkit.batches": 2,
-    "handlerkit.sequence_batches": 2,  # how the frontend forms a sequence batch (hk.Sequences, Ray's loop)
-    "handlerkit._wire": 2,
-    "handlerkit.streaming": 2,
-    "handlerkit.envelopes": 2,
-    "handlerkit.modeldir": 2,
-    "handlerkit.config": 2,
-    "handlerkit.pt2": 2,
-    "handlerkit.loading": 2,
-    "handlerkit.isolation": 2,
-    "handlerkit.freshness": 2,  # whether loaded code is the code on disk (isolation's caches, the Harness's warning)
-    "handlerkit.workdir": 2,
-    "handlerkit.async_worker": 2,
+    "handlerkit._moved": 1,  # the old import paths, for one release
+    # 2. the TorchServe model: what its Python worker does; model formats, saved formats and
+    # compile caches; archives (zip work only)
+    "handlerkit.worker": 2,
     "handlerkit.formats": 2,
-    "handlerkit.served_format": 2,  # a format saved into a model dir: file, manifest, pt2
-    "handlerkit.compile_cache": 2,
-    "handlerkit.compile_kernels": 2,  # Inductor's C++ kernels shipped beside the compile cache
-    # the archive package: rules, pack, write, read, extract, inspect, manifest, imports
-    **{f"handlerkit.archive.{m}": 2 for m in ("rules", "pack", "write", "read", "extract", "inspect", "manifest", "imports")},
+    "handlerkit.archive": 2,
     # 3. handlers
     "handlerkit.handlers": 3,
     # 4. the front door: a model and its handler, loaded as the worker loads them
     "handlerkit.service": 4,
-    # ... and what runs a handler to build an archive: its compile cache is recorded by the
-    # service in a child process, so the archive facade (``archive.build``) sits above it
-    "handlerkit.archive.compile_cache": 4,
-    "handlerkit.archive": 4,
     # 5. the harness's records
-    "handlerkit.results": 5,
     "handlerkit.recording": 5,
     # 6. diagnostics
     "handlerkit.diagnostics": 6,
@@ -94,6 +67,9 @@ LAYERS: dict[str, int] = {
     # the facade
     "handlerkit": 9,
 }
+
+# The folders: what may sit at the top of the package (a few distinct nouns), and the packages.
+TOP_LEVEL_LIMIT = 15
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -202,7 +178,16 @@ def test_the_checker_sees_cycles_and_upward_imports(tmp_path):
 # Tests mirror the package
 # ---------------------------------------------------------------------------------------------
 
-TESTS = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+TESTS_DIR = ROOT / "tests"
+#: Suites that test the whole against real systems (TorchServe, JupyterLab, the notebooks, the
+#: README, the benchmarks) rather than one module; they sit apart, as LitServe's tests/e2e.
+INTEGRATION = "integration"
+
+
+def all_test_modules(tests_dir: Path = TESTS_DIR) -> set[str]:
+    """Every test module, as its path under ``tests/`` without ``.py`` (``worker/test_context``)."""
+    return {p.relative_to(tests_dir).with_suffix("").as_posix() for p in tests_dir.rglob("test_*.py")}
+
 
 def holds_code(path: Path) -> bool:
     """Whether a module holds code of its own: anything but a docstring, imports, ``__all__``
@@ -221,31 +206,44 @@ def holds_code(path: Path) -> bool:
     return False
 
 
-def mirror_names(module: str, path: Path) -> list[str]:
-    """The test modules any one of which tests ``module``: ``handlerkit/pkg/mod.py`` (or
-    ``_mod.py``) → ``test_pkg_mod``, ``test_pkg``; ``handlerkit/mod.py`` → ``test_mod``; the facade
-    → ``test_imports``; a sub-package's ``__init__`` → ``test_pkg``, or none when it holds no code."""
-    parts = [part.strip("_") for part in module.split(".")[1:]]
+def mirror_name(module: str, path: Path) -> str | None:
+    """The test module that tests ``module``, folder by folder: ``handlerkit/pkg/mod.py`` (or
+    ``_mod.py``) → ``pkg/test_mod``; ``handlerkit/mod.py`` → ``test_mod``; a package's
+    ``__init__`` → ``pkg/test_pkg`` (none when it holds no code); the facade → ``test_imports``.
+    ``pkg/test_mod_<topic>`` counts too (``worker/test_context_micro_batching``)."""
+    parts = module.split(".")[1:]
     if not parts:
-        return ["test_imports"]
-    if path.name == "__init__.py" and not holds_code(path):
-        return []
-    return ["test_" + "_".join(parts[:n]) for n in range(len(parts), 0, -1)]
+        return "test_imports"
+    if path.name == "__init__.py":
+        return "/".join([*parts, f"test_{parts[-1]}"]) if holds_code(path) else None
+    return "/".join([*parts[:-1], f"test_{parts[-1].strip('_')}"])
 
 
 def mirror_gaps(modules: dict[str, Path], tests: set[str], root: Path = ROOT) -> list[str]:
-    """Each module (its path under ``root``) with no test module named after it, and the names that would do."""
+    """Each module (its path under ``root``) with no test module named after it, and the name that would do."""
     gaps = []
     for module, path in sorted(modules.items()):
-        names = mirror_names(module, path)
-        if names and not tests.intersection(names):
-            gaps.append(f"{path.relative_to(root).as_posix()}: no {' or '.join(f'tests/{n}.py' for n in names)}")
+        name = mirror_name(module, path)
+        if name and not any(test == name or test.startswith(name + "_") for test in tests):
+            gaps.append(f"{path.relative_to(root).as_posix()}: no tests/{name}.py")
     return gaps
 
 
+def stray_test_folders(modules: dict[str, Path], tests: set[str]) -> list[str]:
+    """Test folders that mirror no package (apart from the integration suites)."""
+    packages = {"/".join(m.split(".")[1:]) for m, p in modules.items() if p.name == "__init__.py"}
+    folders = {t.rpartition("/")[0] for t in tests if "/" in t}
+    return sorted(f for f in folders if f not in packages and f.split("/")[0] != INTEGRATION)
+
+
 def test_every_module_has_a_test_module_named_after_it():
-    gaps = mirror_gaps(MODULES, TESTS)
+    gaps = mirror_gaps(MODULES, all_test_modules())
     assert not gaps, "tests mirror the package; add (or rename) a test module for each of:\n" + "\n".join(gaps)
+
+
+def test_every_test_folder_mirrors_a_package():
+    stray = stray_test_folders(MODULES, all_test_modules())
+    assert not stray, f"these test folders mirror no handlerkit package: {stray}"
 
 
 def test_the_mirror_check_sees_modules_nobody_tests(tmp_path):
@@ -265,11 +263,25 @@ def test_the_mirror_check_sees_modules_nobody_tests(tmp_path):
     assert mirror_gaps(planted, set(), tmp_path) == [
         "handlerkit/__init__.py: no tests/test_imports.py",
         "handlerkit/_planted.py: no tests/test_planted.py",
-        "handlerkit/planted_pkg/__init__.py: no tests/test_planted_pkg.py",
-        "handlerkit/planted_pkg/_inner.py: no tests/test_planted_pkg_inner.py or tests/test_planted_pkg.py",
-        "handlerkit/quiet_pkg/loud.py: no tests/test_quiet_pkg_loud.py or tests/test_quiet_pkg.py",
+        "handlerkit/planted_pkg/__init__.py: no tests/planted_pkg/test_planted_pkg.py",
+        "handlerkit/planted_pkg/_inner.py: no tests/planted_pkg/test_inner.py",
+        "handlerkit/quiet_pkg/loud.py: no tests/quiet_pkg/test_loud.py",
     ]  # quiet_pkg's __init__ holds no code: it needs none
-    assert mirror_gaps(planted, {"test_imports", "test_planted", "test_planted_pkg", "test_quiet_pkg_loud"}, tmp_path) == []
+    tests = {"test_imports", "test_planted", "planted_pkg/test_planted_pkg", "planted_pkg/test_inner_topic", "quiet_pkg/test_loud"}
+    assert mirror_gaps(planted, tests, tmp_path) == []
+    assert mirror_gaps(planted, tests - {"planted_pkg/test_inner_topic"} | {"test_inner"}, tmp_path) == [
+        "handlerkit/planted_pkg/_inner.py: no tests/planted_pkg/test_inner.py"
+    ]  # a test of the right name in the wrong folder does not count
+    assert stray_test_folders(planted, tests | {"nowhere/test_x", "integration/test_e2e"}) == ["nowhere"]
+
+
+def test_the_top_level_holds_a_few_distinct_nouns():
+    """The layers are folders: at most TOP_LEVEL_LIMIT modules beside the packages, and every
+    module of the TorchServe model inside ``worker/`` (formats in ``formats/``, archives in ``archive/``)."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= TOP_LEVEL_LIMIT, f"{len(top)} modules at the top of handlerkit/ (at most {TOP_LEVEL_LIMIT}): {top}"
+    layer_two = sorted(m for m in MODULES if layer_of(m) == 2 and m.split(".")[1] not in ("worker", "formats", "archive"))
+    assert not layer_two, f"the TorchServe model lives in handlerkit/worker/: move {layer_two}"
 
 
 def test_no_module_is_longer_than_one_sitting():
@@ -310,7 +322,7 @@ def test_prediction_exception_joins_torchserve_class_whenever_torchserve_is_load
 
 def test_importing_every_module_changes_nothing_outside_the_package():
     """No import-time side effects (STYLE.md): importing any handlerkit module installs no import
-    hook, logging handler or warnings filter and leaves sys.path and the working directory alone
+    hook (but the one finder of the old import paths, :mod:`handlerkit._moved`), logging handler or warnings filter and leaves sys.path and the working directory alone
     (the heavy dependencies are imported first, so only handlerkit's own imports are judged)."""
     modules = sorted(m for m in MODULES if m != "handlerkit.serving._replica"  # imports Ray's actor machinery
                      # imports kserve, whose own imports add a meta-path hook (six) and warnings filters
@@ -320,7 +332,7 @@ def test_importing_every_module_changes_nothing_outside_the_package():
         "import importlib, logging, os, sys, warnings\n"
         "import torch, torchvision, PIL.Image, numpy, yaml, matplotlib, ipywidgets, pytest\n"
         "def state():\n"
-        "    return (list(sys.meta_path), list(sys.path_hooks), list(sys.path), os.getcwd(),\n"
+        "    return ([f for f in sys.meta_path if type(f).__name__ != 'MovedModules'], list(sys.path_hooks), list(sys.path), os.getcwd(),\n"
         "            list(logging.getLogger().handlers), logging.getLogger().level, list(warnings.filters),\n"
         "            torch.get_num_threads(), sys.getswitchinterval())\n"
         "before = state()\n"
@@ -331,11 +343,11 @@ def test_importing_every_module_changes_nothing_outside_the_package():
         "                        'warnings filters', 'torch threads', 'switch interval'), before, after):\n"
         "    if a != b:\n"
         "        print(label, b, '->', a)\n"
-        "print('handlerkit' in {type(f).__module__.split('.')[0] for f in sys.meta_path})\n"
+        "print(sorted(type(f).__qualname__ for f in sys.meta_path if type(f).__module__.startswith('handlerkit')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False", out.stdout
+    assert out.stdout.strip() == "['MovedModules']", out.stdout
 
 
 def test_the_facade_lists_exactly_what_it_serves():
@@ -349,6 +361,32 @@ def test_the_facade_lists_exactly_what_it_serves():
              for alias in node.names if node.module and node.module.startswith("handlerkit")}
     typed |= {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
               and node.module == "handlerkit" for alias in node.names}
-    assert typed == set(handlerkit._EXPORTS)
+    assert typed - {"_moved"} == set(handlerkit._EXPORTS)
     for name in handlerkit.__all__:
         assert getattr(handlerkit, name) is not None
+
+
+def test_an_old_import_path_works_for_one_release_with_a_warning():
+    """``from handlerkit.context import MockContext`` (before 0.2) still works and says where it went."""
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    from handlerkit.context import MockContext\n"
+        "    import handlerkit.results as old\n"
+        "import handlerkit.worker.context as new, handlerkit.recording.results as records\n"
+        "print(MockContext is new.MockContext, old is records, new.__spec__.name)\n"
+        "for w in caught: print(w.category.__name__, w.filename, w.message)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "True True handlerkit.worker.context"
+    assert lines[1:] == [
+        "DeprecationWarning <string> handlerkit: handlerkit.context moved to handlerkit.worker.context; "
+        "import it from there (the old path goes in handlerkit 0.3)",
+        "DeprecationWarning <string> handlerkit: handlerkit.results moved to handlerkit.recording.results; "
+        "import it from there (the old path goes in handlerkit 0.3)",
+    ]  # once each, pointing at the user's line, not at the import machinery
+    gone = subprocess.run([sys.executable, "-c", "import handlerkit.nothing_here"], capture_output=True, text=True, cwd=str(ROOT))
+    assert "No module named 'handlerkit.nothing_here'" in gone.stderr  # the finder answers for moved names only

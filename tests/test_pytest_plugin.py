@@ -10,11 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 from _user_suites import IMAGES, MODEL, ROOT, run_pytest, write_ini
 
 pytest_plugins = ["pytester"]

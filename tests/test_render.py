@@ -62,7 +62,7 @@ def test_every_report_and_result_uses_the_base():
     from handlerkit.diagnostics.checks import CheckReport
     from handlerkit.diagnostics.device import DeviceReport
     from handlerkit.diagnostics.timing import SweepReport, TimingReport
-    from handlerkit.results import Run, StageResult
+    from handlerkit.recording.results import Run, StageResult
 
     for cls in (StageResult, Run, CheckReport, DeviceReport, TimingReport, SweepReport):
         assert issubclass(cls, Rendered), cls

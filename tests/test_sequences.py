@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
+from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, SEQUENCE_SUM, STREAMING_SUM, model_dir
 
 import handlerkit as hk
-from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, SEQUENCE_SUM, STREAMING_SUM, model_dir
 from handlerkit.sequences import Sequences
 
 START, SEQ_ID, END = "ts_request_sequence_start", "ts_request_sequence_id", "ts_request_sequence_end"

@@ -19,12 +19,12 @@ from collections import deque
 from pathlib import Path
 
 import pytest
+from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, SEQUENCE_SUM, STREAMING_SUM, model_dir
 
 import handlerkit as hk
-from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, SEQUENCE_SUM, STREAMING_SUM, model_dir
 from conftest import ts_imports, ts_metrics_cache
 from handlerkit.sequences import Sequence
-from handlerkit.streaming import ChunkSocket, decode_frame
+from handlerkit.worker.streaming import ChunkSocket, decode_frame
 
 pytestmark = pytest.mark.torchserve
 

@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_browser import _missing  # noqa: E402
-from test_tutorials_in_browser import cell_box, full_length, lab_with_notebooks, notebooks, open_notebook, screenshot  # noqa: E402
+from integration.test_browser import _missing  # noqa: E402
+from integration.test_tutorials_in_browser import cell_box, full_length, lab_with_notebooks, notebooks, open_notebook, screenshot  # noqa: E402
 
 DEADLINE_S = 300
 

@@ -62,7 +62,7 @@ from handlerkit.archive.rules import NEVER_SWEPT, RULES, ArchiveError, Limits
 from handlerkit.archive.write import check_options
 
 if TYPE_CHECKING:
-    from handlerkit.archive.compile_cache import Recorded
+    from handlerkit.formats.compile_cache import Recorded
 
 __all__ = [
     "NEVER_SWEPT",
@@ -135,7 +135,7 @@ def build(
             and its tag ``compile-cache.json`` are packed too, with ``compile-kernels.zip`` (the C++
             kernels Inductor built, so a CPU cold start builds none); ``hk.BaseHandler`` loads them
             before its first compiled call where the tag matches
-            (:mod:`~handlerkit.archive.compile_cache`).
+            (:mod:`~handlerkit.formats.compile_cache`).
 
     Returns:
         The ``.mar``, ``.tar.gz`` or folder written.
@@ -172,14 +172,14 @@ def add_compile_cache(planned: Plan, batch: Any, workdir: str | os.PathLike[str]
     """Add a compile cache recorded on ``batch`` to ``planned`` (what ``compile_cache=`` does).
 
     The plan is written as a folder under ``workdir``, its handler compiled there in a fresh
-    process (:func:`~handlerkit.archive.compile_cache.record`), and ``compile-cache.bin``,
+    process (:func:`~handlerkit.formats.compile_cache.record`), and ``compile-cache.bin``,
     ``compile-cache.json`` and (on CPU) ``compile-kernels.zip``, left in ``workdir``, join the
     plan: write it before ``workdir`` goes.
     """
     import dataclasses
 
-    from handlerkit.archive.compile_cache import record
-    from handlerkit.compile_kernels import KERNELS_FILE
+    from handlerkit.formats.compile_cache import record
+    from handlerkit.formats.compile_kernels import KERNELS_FILE
 
     model_dir, cache_dir = Path(workdir, "model"), Path(workdir, "cache")
     cache_dir.mkdir(parents=True, exist_ok=True)

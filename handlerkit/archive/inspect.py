@@ -136,8 +136,8 @@ def inspect_archive(path: str | os.PathLike[str], *, limits: Limits | None = Non
 
 
 def _inspect_dir(path: Path) -> ArchiveInfo:
-    from handlerkit.modeldir import infer_manifest
-    from handlerkit.modeldir import read_manifest as read_json
+    from handlerkit.worker.modeldir import infer_manifest
+    from handlerkit.worker.modeldir import read_manifest as read_json
 
     files = []
     for root, dirs, names in os.walk(path):

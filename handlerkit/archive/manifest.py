@@ -4,7 +4,7 @@
 ``model`` (``modelName``, ``serializedFile``, ``handler``, ``modelFile``, ``modelVersion``,
 ``extensions``, ``requirementsFile``, ``configFile``, each only when set, in that order) and
 ``archiverVersion`` (``model_archiver/manifest_components``). A model dir's own manifest, or
-the one handlerkit infers from its files (:func:`handlerkit.modeldir.infer_manifest`), gives
+the one handlerkit infers from its files (:func:`handlerkit.worker.modeldir.infer_manifest`), gives
 the defaults; a handler given as a path is named by its base name (``h.py``, ``h:fn``, ``h``).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from handlerkit.archive.rules import MANIFEST, ArchiveError
 from handlerkit.errors import ModelLoadError
-from handlerkit.modeldir import infer_manifest, read_manifest
+from handlerkit.worker.modeldir import infer_manifest, read_manifest
 
 __all__ = ["ARCHIVER_BUILTINS", "ARCHIVER_VERSION", "FILE_KEYS", "check_model_name", "complete", "handler_source",
            "start_from"]  # fmt: skip

@@ -51,7 +51,7 @@ from handlerkit.archive.manifest import FILE_KEYS, check_model_name, complete, h
 from handlerkit.archive.rules import MANIFEST, ArchiveError, manifest_problems, secret_looking
 from handlerkit.archive.write import FORMATS, check_options, write
 from handlerkit.errors import ModelLoadError
-from handlerkit.modeldir import resolve_path
+from handlerkit.worker.modeldir import resolve_path
 
 __all__ = ["LeftOut", "PackedFile", "Plan", "plan"]
 

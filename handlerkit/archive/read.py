@@ -368,15 +368,15 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of a ``.mar``, a ``.tar.gz`` (without extracting) or a model dir.
 
     For a model dir without ``MAR-INF/MANIFEST.json``, the manifest handlerkit infers from its
-    files (:func:`handlerkit.modeldir.infer_manifest`).
+    files (:func:`handlerkit.worker.modeldir.infer_manifest`).
 
     Raises:
         ArchiveError: not an archive, unreadable, or no (valid) manifest.
     """
     p = Path(path).expanduser()
     if p.is_dir():
-        from handlerkit.modeldir import infer_manifest
-        from handlerkit.modeldir import read_manifest as read_json
+        from handlerkit.worker.modeldir import infer_manifest
+        from handlerkit.worker.modeldir import read_manifest as read_json
 
         return read_json(p / MANIFEST) if (p / MANIFEST).is_file() else infer_manifest(p)[0]
     return read_manifest_entry(list_archive(p))

@@ -20,7 +20,7 @@ from typing import Any
 OK, FAILED, USAGE = 0, 1, 2
 
 #: A model dir has a manifest or one of the files a manifest is inferred from
-#: (handlerkit.modeldir.infer_manifest); these, plus its weights suffixes.
+#: (handlerkit.worker.modeldir.infer_manifest); these, plus its weights suffixes.
 _MODEL_DIR_FILES = ("MAR-INF/MANIFEST.json", "model.py", "handler.py", "model-config.yaml")
 _JSON_VALUES = 4096  # a tensor with more values is described in --json output, not listed
 
@@ -111,7 +111,7 @@ def torch_threads(args: argparse.Namespace) -> Iterator[None]:
     """The run with ``--threads N`` applied (``torch.set_num_threads``, put back after: ``main``
     may run inside a notebook or a test), and thread warnings that name ``--threads``, the
     remedy a terminal has."""
-    from handlerkit.devices import threads_advice
+    from handlerkit.worker.devices import threads_advice
 
     count = getattr(args, "threads", None)
     with threads_advice("run with --threads {n}"):
@@ -172,7 +172,7 @@ def check_files(files: Sequence[str]) -> None:
 def model_dir_problem(path: str, handler: str | None = None) -> str | None:
     """Why ``path`` (a dir) is no model dir, or None: it needs a manifest, a file a manifest is
     inferred from (model.py, handler.py, model-config.yaml, weights), or the ``--handler`` file."""
-    from handlerkit.modeldir import WEIGHTS_SUFFIXES
+    from handlerkit.worker.modeldir import WEIGHTS_SUFFIXES
 
     if any(os.path.isfile(os.path.join(path, name)) for name in _MODEL_DIR_FILES):
         return None
@@ -228,9 +228,9 @@ def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Load
         problem = model_dir_problem(path, handler)
         if problem:
             raise InputError(problem)
-    from handlerkit.context import MockContext
     from handlerkit.errors import HandlerkitError
     from handlerkit.harness import Harness
+    from handlerkit.worker.context import MockContext
 
     context = MockContext.from_model_dir(path, config=config)  # an archive is unpacked into a temp dir
     unpacked = getattr(context, "archive", None)
@@ -301,8 +301,8 @@ def named_requests(model: Loaded, files: Sequence[str], content_type: str | None
 
 def requests(files: Sequence[str], content_type: str | None = None) -> Any:
     """One batch, one request per file; the content type from ``content_type`` or the extension."""
-    from handlerkit.batches import batch
-    from handlerkit.requests import Request
+    from handlerkit.worker.batches import batch
+    from handlerkit.worker.requests import Request
 
     try:
         return batch(*(Request.from_file(f, content_type) for f in files))

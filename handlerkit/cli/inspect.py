@@ -1,7 +1,7 @@
 """``handlerkit inspect PATH``: what is in a ``.mar`` or a model dir, and whether TorchServe can load it.
 
-The manifest, the files, the model config (validated by :mod:`handlerkit.config`), the handler
-the manifest names, resolved as TorchServe's loader would (:func:`handlerkit.loading.resolve_handler`:
+The manifest, the files, the model config (validated by :mod:`handlerkit.worker.config`), the handler
+the manifest names, resolved as TorchServe's loader would (:func:`handlerkit.worker.loading.resolve_handler`:
 its module imported and its class built, ``initialize`` not run), and the model's format
 (:func:`handlerkit.formats.detect_format`). What would stop TorchServe from loading it is a
 problem: exit code 1.
@@ -185,8 +185,8 @@ def _problem(report: InspectReport, what: str, exc: BaseException) -> None:
 
 def _config(report: InspectReport, directory: str, model: dict[str, Any]) -> Any:
     """The model config the manifest names, validated; None when there is none or it is broken."""
-    from handlerkit.config import load_config
     from handlerkit.errors import HandlerkitError
+    from handlerkit.worker.config import load_config
 
     name = model.get("configFile")
     if not name:
@@ -206,7 +206,7 @@ def _config(report: InspectReport, directory: str, model: dict[str, Any]) -> Any
 
 def _handler(report: InspectReport, directory: str, model: dict[str, Any]) -> None:
     from handlerkit.errors import HandlerkitError
-    from handlerkit.loading import resolve_handler
+    from handlerkit.worker.loading import resolve_handler
 
     spec = model.get("handler")
     report.handler = {"spec": spec}

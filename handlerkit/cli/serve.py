@@ -184,6 +184,6 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _model_name(model: str) -> str:
-    from handlerkit.context import MockContext
+    from handlerkit.worker.context import MockContext
 
     return MockContext.from_model_dir(model).model_name

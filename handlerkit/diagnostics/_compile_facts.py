@@ -13,12 +13,12 @@ import warnings
 from typing import Any
 
 from handlerkit._text import suggestion
-from handlerkit.contract import Problem
 from handlerkit.diagnostics._compile_gate import eager_model
 from handlerkit.diagnostics._dynamo_events import DynamoEvents, dynamic_dims, recompiles, user_frame
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.noise import spread
 from handlerkit.summaries import iter_tensors
+from handlerkit.worker.contract import Problem
 
 #: A :class:`handlerkit.diagnostics.compile.CompileReport` (not imported: that module imports this one).
 CompileReport = Any
@@ -65,8 +65,8 @@ def _parse_pt2(raw: Any) -> Any:
     was true, so a ``compile`` section without it was enabled."""
     if not isinstance(raw, dict):
         return None
-    from handlerkit.config import parse_config
     from handlerkit.errors import ConfigError
+    from handlerkit.worker.config import parse_config
 
     config = copy.deepcopy({"pt2": raw["pt2"]}) if "pt2" in raw else {}
     section = config["pt2"].get("compile") if isinstance(config.get("pt2"), dict) else None

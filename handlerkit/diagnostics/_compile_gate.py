@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlerkit.contract import Problem
 from handlerkit.diagnostics._dynamo_events import DynamoEvents
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.errors import StageError
+from handlerkit.worker.contract import Problem
 
 __all__ = [
     "FIX_DYNAMIC",

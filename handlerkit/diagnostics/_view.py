@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from handlerkit.errors import HandlerkitError
-from handlerkit.results import Run, StageResult
+from handlerkit.recording.results import Run, StageResult
 
 __all__ = ["HarnessView", "model_handler"]
 

@@ -1,7 +1,7 @@
 """``Harness.check``: the contract on a real batch, batch parity, and other encodings of each request.
 
 The batch runs through ``handle``; its output and statuses are checked against the worker's
-rules (:mod:`handlerkit.contract`); each request then runs alone and must give what it gave in
+rules (:mod:`handlerkit.worker.contract`); each request then runs alone and must give what it gave in
 the batch (batch parity, by :mod:`handlerkit._compare`'s rule, the one golden files use too);
 and each request is re-sent the other ways TorchServe clients send the same payload (another
 field name, ``bytes``, base64, raw JSON bytes).
@@ -30,10 +30,10 @@ from typing import Any
 from handlerkit._compare import same_output, shown
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
-from handlerkit.contract import Problem, check_output, check_statuses, response_statuses
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import StageError
+from handlerkit.worker.contract import Problem, check_output, check_statuses, response_statuses
 
 __all__ = ["CheckReport", "run_checks", "same_output"]  # same_output: handlerkit._compare's, kept importable here
 
@@ -63,7 +63,7 @@ class CheckReport(Rendered):
 
     Attributes:
         handler / batch_size: what was checked.
-        problems: every broken rule, as :class:`~handlerkit.contract.Problem` (with its fix).
+        problems: every broken rule, as :class:`~handlerkit.worker.contract.Problem` (with its fix).
         statuses: per request, the ``(code, phrase)`` the handler set.
         encodings: ``(request, variant, outcome)`` for each other encoding tried.
         parity: ``(request, verdict)``: same alone and in the batch, different, or
@@ -205,7 +205,7 @@ def run_checks(
 
 
 def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, shown: Bar) -> CheckReport:
-    from handlerkit.batches import Batch
+    from handlerkit.worker.batches import Batch
 
     report = CheckReport(handler=harness.name, batch_size=len(batch))
     try:

@@ -34,7 +34,6 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._stack import user_stacklevel
 from handlerkit._text import format_number
-from handlerkit.contract import Problem
 from handlerkit.diagnostics import _compile_facts as facts
 from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
 from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_notes, gate_problems, run_gate
@@ -54,6 +53,7 @@ from handlerkit.diagnostics.noise import Conditions, Fastest, fastest
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
+from handlerkit.worker.contract import Problem
 
 __all__ = ["CompileReport", "CompiledFrame", "GateResult", "GraphBreak", "Recompile", "compile_report"]
 
@@ -81,7 +81,7 @@ class CompileReport(Rendered):
         cold_compile_s / cache_load_s: the same compile split by graph: compiled cold, or
             loaded from Inductor's FX graph cache (each frame's cache states are in ``frames``).
         shipped_cache: what became of the model dir's shipped compile cache (``compile-cache.bin``,
-            :class:`handlerkit.compile_cache.CacheLoad` as a dict); None when it ships none.
+            :class:`handlerkit.formats.compile_cache.CacheLoad` as a dict); None when it ships none.
         frames: every frame compiled during the report (:class:`CompiledFrame`).
         graph_breaks: deduplicated (:class:`GraphBreak`).
         recompiles: frames compiled again, with the failed guard (:class:`Recompile`).
@@ -441,7 +441,7 @@ def _timer(view: HarnessView, handler: Any, batch: Any, run: Any, stage: str) ->
     result = run.stages.get(stage)
     alone = stage == "inference" and result is not None and result.calls == 1
     if alone and callable(getattr(handler, "inference", None)):
-        from handlerkit.timer import Timer
+        from handlerkit.worker.timer import Timer
 
         data, device = result.input, getattr(handler, "device", None)
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlerkit import devices as _devices
 from handlerkit._render import Rendered, Table
-from handlerkit.devices import CpuThreads
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.worker import devices as _devices
+from handlerkit.worker.devices import CpuThreads
 
 __all__ = [
     "DeviceReport",

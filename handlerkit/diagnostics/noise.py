@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from handlerkit import devices
+from handlerkit.worker import devices
 
 __all__ = ["MIN_SAMPLES", "Conditions", "Fastest", "Spread", "fastest", "spread"]
 
@@ -108,14 +108,14 @@ def fastest(timings: Mapping[str, Spread]) -> Fastest:
 @dataclass(frozen=True)
 class Conditions:
     """What a timing was taken under: torch's CPU threads, the usable cores and the 1-minute
-    load (:class:`handlerkit.devices.CpuThreads`), measured before the timed runs (the load the
+    load (:class:`handlerkit.worker.devices.CpuThreads`), measured before the timed runs (the load the
     machine had without them), and the warning when they make the numbers unreliable."""
 
     threads: devices.CpuThreads
 
     @classmethod
     def measure(cls) -> Conditions:
-        """The conditions now (:func:`handlerkit.devices.cpu_threads`)."""
+        """The conditions now (:func:`handlerkit.worker.devices.cpu_threads`)."""
         return cls(devices.cpu_threads())
 
     @property

@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from handlerkit import devices
 from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
-from handlerkit.contract import HANDLER_STAGES
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.noise import Conditions
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.errors import HandlerkitError
+from handlerkit.worker import devices
+from handlerkit.worker.contract import HANDLER_STAGES
 
 __all__ = [
     "RANGE_PREFIX",
@@ -305,7 +305,7 @@ def aggregate(
 
 def profiler_activities(device: Any) -> list[str]:
     """What to record for a handler on ``device``: ``["CPU"]``, plus ``"CUDA"`` when the device
-    is a CUDA one and :func:`handlerkit.devices.cuda_available` says CUDA is there."""
+    is a CUDA one and :func:`handlerkit.worker.devices.cuda_available` says CUDA is there."""
     kinds = ["CPU"]
     if devices.device_kind(device) == "cuda" and devices.cuda_available():
         kinds.append("CUDA")

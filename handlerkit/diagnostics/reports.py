@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from handlerkit.batches import Batch
+from handlerkit.worker.batches import Batch
 
 if TYPE_CHECKING:
     from handlerkit.diagnostics._view import HarnessView

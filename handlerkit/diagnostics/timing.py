@@ -4,7 +4,7 @@ Each pass is a real run (:meth:`Harness.run`, through the handler's own ``handle
 handler that splits the batch is timed as TorchServe runs it) inside
 :func:`~handlerkit.diagnostics.runs.diagnostic_runs` (memory tracking off, the harness put back
 after); the stages' times come from the harness's device-synchronised timer
-(:class:`handlerkit.timer.Timer`), device time where there is one.
+(:class:`handlerkit.worker.timer.Timer`), device time where there is one.
 :func:`time_callable_stages` repeats any pass and collects the per-stage milliseconds it
 returns; :class:`TimingReport` and :class:`SweepReport` render themselves, each with the
 :class:`~handlerkit.diagnostics.noise.Conditions` it was timed under.
@@ -27,7 +27,7 @@ from handlerkit._text import format_number
 from handlerkit.diagnostics._view import HarnessView
 from handlerkit.diagnostics.noise import Conditions
 from handlerkit.diagnostics.runs import diagnostic_runs
-from handlerkit.timer import percentile
+from handlerkit.worker.timer import percentile
 
 __all__ = [
     "END_TO_END",
@@ -394,7 +394,7 @@ def time_stages(
 
 def resize_batch(batch: Any, size: int) -> Any:
     """A batch of ``size`` requests, cycling through the given ones (``with_headers()`` copies them with fresh ids)."""
-    from handlerkit.batches import batch as make_batch
+    from handlerkit.worker.batches import batch as make_batch
 
     requests = list(batch.requests)
     if not requests:

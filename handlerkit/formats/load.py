@@ -145,7 +145,7 @@ def load_model(
 def _load_eager(model_dir: str, model_file: str, model_pt_path: str | None, device: Any) -> LoadedModel:
     import torch
 
-    from handlerkit.loading import list_classes, load_module_from_file
+    from handlerkit.worker.loading import list_classes, load_module_from_file
 
     model_def_path = os.path.join(model_dir, model_file)
     _require_file(model_def_path, "modelFile")
@@ -343,7 +343,7 @@ def _load_onnx(path: str, device: Any) -> LoadedModel:
 def _load_aoti(path: str, device: Any) -> LoadedModel:
     import torch
 
-    from handlerkit.compile_kernels import without_isa_probes
+    from handlerkit.formats.compile_kernels import without_isa_probes
 
     try:
         with without_isa_probes():  # no C++ probe builds in a fresh process: the package is compiled

@@ -29,7 +29,7 @@ __all__ = [
     "TextClassifier",
     "TextHandler",
     "VisionHandler",
-]  # what _EXPORTS serves (tests/test_handlers.py checks it)
+]  # what _EXPORTS serves (tests/handlers/test_handlers.py checks it)
 
 
 def __getattr__(name: str) -> Any:

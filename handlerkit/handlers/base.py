@@ -11,7 +11,7 @@ one import. Where it differs, it differs to fail loudly instead of silently:
 * a failed ``torch.compile`` is recorded in :attr:`BaseHandler.decisions` and warned about;
 * a compile cache shipped in the model dir is loaded before the first compiled call when its
   tag matches this torch and device, and the decision says why not when it does not
-  (:mod:`handlerkit.compile_cache`);
+  (:mod:`handlerkit.formats.compile_cache`);
 * a bad model dir raises a :class:`~handlerkit.errors.ModelLoadError` that names the file
   and the fix, and leaves ``initialized`` False;
 * TF32 is set in ``initialize`` (a ``handler: {tf32: ...}`` setting), never at import;
@@ -48,13 +48,13 @@ from typing import Any, TypeVar
 import torch
 
 from handlerkit._stack import user_stacklevel
-from handlerkit.batches import bind_implicitly, payload
-from handlerkit.compile_cache import load_shipped
-from handlerkit.devices import choose_device
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, ModelLoadError
 from handlerkit.formats import detect_format, load_model
+from handlerkit.formats.compile_cache import load_shipped
 from handlerkit.handlers.request_errors import PerRequestErrors
-from handlerkit.timer import Timer
+from handlerkit.worker.batches import bind_implicitly, payload
+from handlerkit.worker.devices import choose_device
+from handlerkit.worker.timer import Timer
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def timed(func: F) -> F:
     """Record ``ts_handler_<stage>`` (ms) when the model config has ``handler: {profile: true}``.
 
     The same switch and metric name as TorchServe's ``ts.handler_utils.timer.timed``; on an
-    accelerator the time is device-synchronised (:class:`handlerkit.timer.Timer`).
+    accelerator the time is device-synchronised (:class:`handlerkit.worker.timer.Timer`).
     """
 
     @functools.wraps(func)
@@ -214,7 +214,7 @@ class BaseHandler(PerRequestErrors):
         self.explain = False
         self.target = 0
         self.profiler_args: dict[str, Any] = {}
-        self.settings: Any = None  # the handler: section, validated (handlerkit.config.HandlerSettings)
+        self.settings: Any = None  # the handler: section, validated (handlerkit.worker.config.HandlerSettings)
         self.decisions = HandlerDecisions()
 
     # ------------------------------------------------------------------ initialize
@@ -233,7 +233,7 @@ class BaseHandler(PerRequestErrors):
         self.initialized = True
 
     def _initialize(self, context: Any, decisions: HandlerDecisions) -> None:
-        from handlerkit.config import parse_config
+        from handlerkit.worker.config import parse_config
 
         self.context = context
         raw_config = getattr(context, "model_yaml_config", None) or {}
@@ -394,7 +394,7 @@ class BaseHandler(PerRequestErrors):
         (under ``torch.profiler`` when ``ENABLE_TORCH_PROFILER`` is set).
 
         Called directly on a MockContext no batch was bound to (as TorchServe's unit tests call
-        it), it binds ``data`` first: :func:`~handlerkit.batches.bind_implicitly`."""
+        it), it binds ``data`` first: :func:`~handlerkit.worker.batches.bind_implicitly`."""
         start = time.time()
         bind_implicitly(context, data)
         self.context = context

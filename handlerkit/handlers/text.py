@@ -39,12 +39,12 @@ from typing import Any, NamedTuple
 import torch
 
 from handlerkit._stack import user_stacklevel
-from handlerkit.batches import payload as request_payload
 from handlerkit.errors import ConfigError, HandlerkitError, HandlerkitWarning, ModelLoadError, RequestError
 from handlerkit.handlers._contractions import CONTRACTIONS
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
 from handlerkit.handlers.request_errors import payload_kind, request_error
 from handlerkit.handlers.vocabulary import Vocabulary, load_source_vocab
+from handlerkit.worker.batches import payload as request_payload
 
 __all__ = [
     "TextBatch",

@@ -38,11 +38,11 @@ from typing import Any
 import torch
 
 from handlerkit._optional import require
-from handlerkit.batches import payload as request_payload
 from handlerkit.errors import ConfigError, RequestError
 from handlerkit.handlers._decode import convert_mode, image_bytes, load_image, open_image
 from handlerkit.handlers._pipeline import ResizeCropNormalize, pipeline_from
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
+from handlerkit.worker.batches import payload as request_payload
 
 __all__ = ["ResizeCropNormalize", "VisionHandler", "decode_image"]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlerkit.recording.spy import takes_context
-from handlerkit.streaming import ChunkSocket
+from handlerkit.worker.streaming import ChunkSocket
 
 __all__ = ["Alone", "run_alone"]
 

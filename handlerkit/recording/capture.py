@@ -12,7 +12,7 @@ import logging
 import warnings
 from typing import Any
 
-from handlerkit.results import LogEntry
+from handlerkit.recording.results import LogEntry
 
 __all__ = ["Capture", "ListHandler", "enable_info_logs"]
 

@@ -17,10 +17,10 @@ from types import TracebackType
 from typing import Any
 
 from handlerkit._text import suggestion
-from handlerkit.batches import payload
 from handlerkit.formats import STATE_DICT_FIX
 from handlerkit.recording.alone import Alone
 from handlerkit.recording.locations import Location, named
+from handlerkit.worker.batches import payload
 
 __all__ = ["REFUSE_ALONE", "input_fix", "missing_key_fix", "payload_fix", "suggest_fix", "together_fix"]
 

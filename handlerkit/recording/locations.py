@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
-from handlerkit.freshness import compiled_at
+from handlerkit.worker.freshness import compiled_at
 
 __all__ = ["cell_name", "defined_in_cell", "named", "raised_at", "raised_in", "refresh_sources", "shown_at"]
 

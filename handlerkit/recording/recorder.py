@@ -5,7 +5,7 @@ directly, and a run calls the handler's ``handle`` as TorchServe's worker does, 
 handler's stage methods report to the run's recorder (:mod:`handlerkit.recording.spy`). Both
 ways end in :meth:`Recorder.call`, which times the call, tracks its peak memory and notes where
 its warnings, logs and metrics start and end; :meth:`Recorder.build` turns the calls into
-:class:`~handlerkit.results.StageResult` s, one per stage, after the last call (so nothing but
+:class:`~handlerkit.recording.results.StageResult` s, one per stage, after the last call (so nothing but
 clock reads and list lengths happen between two stages).
 
 A ``handle`` may call a stage several times (micro-batching) and from other threads; each call
@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from handlerkit.devices import needs_sync
-from handlerkit.memory import MemoryTracker
+from handlerkit.recording.results import StageResult
 from handlerkit.recording.spy import takes_context
-from handlerkit.results import StageResult
-from handlerkit.timer import Timer
+from handlerkit.worker.devices import needs_sync
+from handlerkit.worker.memory import MemoryTracker
+from handlerkit.worker.timer import Timer
 
 __all__ = ["Lap", "Recorder"]
 

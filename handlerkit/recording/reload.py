@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from handlerkit._stack import user_stacklevel
 from handlerkit.errors import HandlerkitError, HandlerkitWarning
-from handlerkit.freshness import exec_source
 from handlerkit.recording.failures import stage_error
 from handlerkit.recording.locations import defined_in_cell
+from handlerkit.worker.freshness import exec_source
 
 if TYPE_CHECKING:
     from handlerkit.service import Service
@@ -29,7 +29,7 @@ __all__ = ["reexecuted", "warn_if_changed"]
 def warn_if_changed(service: Service) -> None:
     """Warn once per change when files the handler's code was loaded from changed since
     (``handlerkit: handler.py changed since it was loaded: h.reload() to run it``); a stat per
-    file (:meth:`Sources.changed <handlerkit.freshness.Sources.changed>`)."""
+    file (:meth:`Sources.changed <handlerkit.worker.freshness.Sources.changed>`)."""
     changed = service.sources.changed()
     if not changed:
         return

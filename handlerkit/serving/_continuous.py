@@ -4,7 +4,7 @@ no Ray import).
 
 One loop per replica calls the handler step after step while any request is queued or running:
 
-- each step's batch is formed by the frontend's rule (:mod:`handlerkit.sequence_batches`): the
+- each step's batch is formed by the frontend's rule (:mod:`handlerkit.worker.sequence_batches`): the
   requests still running first, re-sent without parameters, then at most one new request per
   sequence in the order the sequences opened, up to ``2 * batchSize``. Requests that arrive
   while a step runs join at the next one;
@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import NamedTuple
 
-from handlerkit.requests import Request
-from handlerkit.sequence_batches import capacity, next_batch, resent
 from handlerkit.serving._http import Reply, error_reply
+from handlerkit.worker.requests import Request
+from handlerkit.worker.sequence_batches import capacity, next_batch, resent
 
 __all__ = ["ContinuousLoop"]
 

@@ -35,8 +35,8 @@ from handlerkit.errors import HandlerkitError, StageError
 from handlerkit.recording import failures
 
 if TYPE_CHECKING:
-    from handlerkit.batches import Batch
     from handlerkit.service import Service
+    from handlerkit.worker.batches import Batch
 
 __all__ = [
     "batch_failure",

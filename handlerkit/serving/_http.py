@@ -1,6 +1,6 @@
 """HTTP to TorchServe's worker view and back, for any engine that serves a handler.
 
-A request is built as TorchServe 0.12's frontend builds it (see :mod:`handlerkit.requests`):
+A request is built as TorchServe 0.12's frontend builds it (see :mod:`handlerkit.worker.requests`):
 URL query parameters become untyped parameters, then either the multipart / urlencoded form
 fields or the raw body under ``"body"``; the request's headers, with the frontend's own
 ``url_path`` and ``explain`` replacing any the client sent. Responses are read back from the
@@ -28,10 +28,10 @@ from email import policy
 from email.parser import BytesParser
 from typing import Any, NamedTuple
 
-from handlerkit import _wire
-from handlerkit.context import read_responses
 from handlerkit.errors import PredictionException
-from handlerkit.requests import Parameter, Request
+from handlerkit.worker import _wire
+from handlerkit.worker.context import read_responses
+from handlerkit.worker.requests import Parameter, Request
 
 __all__ = [
     "WORKER_DIED",
@@ -121,7 +121,7 @@ def to_request(
     url_path: str = "",
     request_id: str | None = None,
 ) -> Request:
-    """The :class:`~handlerkit.requests.Request` TorchServe's frontend would forward for this HTTP
+    """The :class:`~handlerkit.worker.requests.Request` TorchServe's frontend would forward for this HTTP
     request; ``request_id`` when given (the engine's own id for it), else a fresh one."""
     hdrs = {k: v for k, v in headers if k not in _FRONTEND_HEADERS}
     hdrs.update(explain="True" if explain else "False", url_path=url_path.rstrip("/"))
@@ -219,7 +219,7 @@ def _plain(headers: Mapping[str, Any]) -> dict[str, Any]:
 
 def model_fields(config: Any, *, name: str, version: str | None, url: str, gpu: bool) -> dict[str, Any]:
     """The settings TorchServe 0.12 lists for a model in ``GET /models/<m>``, in its order, with
-    its defaults where ``config`` (a :class:`~handlerkit.config.ModelConfig`) says nothing."""
+    its defaults where ``config`` (a :class:`~handlerkit.worker.config.ModelConfig`) says nothing."""
 
     def get(attr: str, default: Any) -> Any:
         value = getattr(config, attr, None)

@@ -56,9 +56,7 @@ from ray import serve
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response, StreamingResponse
 
-from handlerkit.batches import Batch
 from handlerkit.recording.failures import handler_files
-from handlerkit.requests import Request
 from handlerkit.service import Service
 from handlerkit.serving import _failures
 from handlerkit.serving._batcher import Batcher
@@ -78,7 +76,9 @@ from handlerkit.serving._http import (
 )
 from handlerkit.serving._sequences import Admitted, SequenceDesk
 from handlerkit.serving._streams import Opened, StreamRouter
-from handlerkit.streaming import final_stream_next
+from handlerkit.worker.batches import Batch
+from handlerkit.worker.requests import Request
+from handlerkit.worker.streaming import final_stream_next
 
 _KEEP_METRICS = 10_000  # metric records a replica keeps before dropping them
 #: Sequence ids Ray keeps registered per replica (it forgets the least recent beyond); the

@@ -2,7 +2,7 @@
 frontend sends them (engine-free: no Ray import).
 
 What TorchServe 0.12 does (``RestJob.responseInference``, ``BatchAggregator.sendResponse``),
-checked byte for byte against the real server (``tests/test_streaming_server.py``):
+checked byte for byte against the real server (``tests/worker/test_streaming_server.py``):
 
 - a request's first chunk opens its HTTP answer: the status line and headers are that chunk's
   (its content type, the handler's headers, ``ts_stream_next: true``), sent with
@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 from handlerkit.serving._http import Reply, worker_error
-from handlerkit.streaming import FrameError, decode_frame
+from handlerkit.worker.streaming import FrameError, decode_frame
 
 __all__ = ["Opened", "StreamBroken", "StreamRouter"]
 

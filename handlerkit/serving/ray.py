@@ -35,10 +35,10 @@ import os
 from typing import Any
 
 from handlerkit._optional import require
-from handlerkit.config import parse_config
-from handlerkit.context import MockContext
 from handlerkit.serving._http import model_fields
 from handlerkit.serving._sequences import ROUTING_SETTLE_S
+from handlerkit.worker.config import parse_config
+from handlerkit.worker.context import MockContext
 
 __all__ = ["app", "deployment_options", "run"]
 
@@ -58,7 +58,7 @@ def deployment_options(
     """The Ray Serve deployment options and batch settings a model config asks for.
 
     Args:
-        config: a :class:`~handlerkit.config.ModelConfig` or the raw mapping.
+        config: a :class:`~handlerkit.worker.config.ModelConfig` or the raw mapping.
         num_replicas: overrides ``minWorkers``/``maxWorkers``.
         num_gpus: GPUs per replica; overrides ``deviceType``.
         num_cpus: CPUs per replica (default 1, or 0 with a GPU). Ray sets ``OMP_NUM_THREADS`` to
@@ -148,7 +148,7 @@ def app(
     if batching not in _BATCHING:
         raise ValueError(f"batching must be one of {', '.join(map(repr, _BATCHING))}, got {batching!r}")
     if envelope:
-        from handlerkit.envelopes import get_envelope
+        from handlerkit.worker.envelopes import get_envelope
 
         get_envelope(envelope)  # an unknown name fails here, not in every replica
     serve = require("ray.serve", feature="handlerkit.serving.ray", extra="ray")

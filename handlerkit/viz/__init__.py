@@ -1,6 +1,6 @@
 """``hk.show``: the picture of a stage's input or output, and ``hk.summary``: its one-line numbers.
 
-``show(obj)`` takes a :class:`~handlerkit.results.StageResult`, a :class:`~handlerkit.results.Run`,
+``show(obj)`` takes a :class:`~handlerkit.recording.results.StageResult`, a :class:`~handlerkit.recording.results.Run`,
 or any stage value (a tensor, an array, bytes, text, JSON, a list / dict of them), picks the
 picture from what the data is (images, a feature table's values, signals as lines, token
 tables, a model's class scores as bars, JSON as a table, image bytes decoded, a streamed run's
@@ -40,7 +40,7 @@ from typing import Any
 
 from handlerkit._optional import require
 from handlerkit.errors import HandlerkitError
-from handlerkit.results import Run
+from handlerkit.recording.results import Run
 from handlerkit.summaries import describe, summary
 
 __all__ = ["show", "summary"]

@@ -1,5 +1,5 @@
 """Audio: WAV (and raw 16-bit PCM) bytes drawn as a waveform over time, carrying the samples for
-a player; and a request :class:`~handlerkit.batches.Batch` drawn as its requests' inputs.
+a player; and a request :class:`~handlerkit.worker.batches.Batch` drawn as its requests' inputs.
 
 A waveform panel (kind ``waveform``) holds, besides its bounded lines, ``data["audio"]``: a
 list of ``(label, samples, rate)``, mono float32 in [-1, 1] at most ``MAX_PLAYER_SECONDS``
@@ -150,11 +150,11 @@ def audio_panels(value: Any, ctx: Context, label: str) -> list[Panel] | None:
 def batch_panels(
     value: Any, ctx: Context, label: str, draw: Callable[[Any, Context, str], list[Panel]] | None = None
 ) -> list[Panel] | None:
-    """A request :class:`~handlerkit.batches.Batch`: one panel per request (the first
+    """A request :class:`~handlerkit.worker.batches.Batch`: one panel per request (the first
     ``MAX_REQUESTS``), its input drawn: audio as a waveform with its player, anything else by
     `draw` (the function that draws a stage value, ``hk.show``'s; image bytes as the image, JSON
     as a table, text as text) or, without one, as its summary. None for anything but a Batch."""
-    from handlerkit.batches import Batch, payload
+    from handlerkit.worker.batches import Batch, payload
 
     if not isinstance(value, Batch):
         return None

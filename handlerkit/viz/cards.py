@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from handlerkit.errors import StageError
-from handlerkit.results import StageResult
+from handlerkit.recording.results import StageResult
 from handlerkit.summaries import summary
 from handlerkit.viz.panel import Panel
 

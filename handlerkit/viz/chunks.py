@@ -1,8 +1,8 @@
 """A streamed run's chunk timeline: requests × time, a mark per chunk, the final answer marked,
 and each request's time to first chunk as a bar from ``handle``'s call to its first chunk.
 
-A streaming handler's run (:class:`~handlerkit.results.Run` with ``chunks``) keeps each chunk's
-time in ms since ``handle`` was called (:mod:`handlerkit.streaming`); this panel draws them a row
+A streaming handler's run (:class:`~handlerkit.recording.results.Run` with ``chunks``) keeps each chunk's
+time in ms since ``handle`` was called (:mod:`handlerkit.worker.streaming`); this panel draws them a row
 per request of the batch, at most ``MAX_ROWS`` rows and ``MAX_MARKS`` marks a row (evenly
 picked beyond that, the first and the last kept). A request that got no chunk has its final
 answer alone; chunks for request ids the batch does not hold, and frames with an error code,
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlerkit.results import Run
+from handlerkit.recording.results import Run
 from handlerkit.viz.panel import Panel
 
 __all__ = ["MAX_MARKS", "MAX_ROWS", "chunk_panels", "chunk_text_panel", "short_id", "timeline_panel"]

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from handlerkit.errors import StageError
-from handlerkit.results import Run, StageResult
+from handlerkit.recording.results import Run, StageResult
 from handlerkit.sequences import Sequences, Step
 from handlerkit.summaries import describe
 from handlerkit.viz.audio import audio_panels, batch_panels

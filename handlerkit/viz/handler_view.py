@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlerkit.results import Run, StageResult
+from handlerkit.recording.results import Run, StageResult
 
 __all__ = ["HandlerView", "read_handler", "view_for"]
 

@@ -50,7 +50,7 @@ class LivePanes:
             self._update(index)
 
     def add(self, chunk: Any) -> None:
-        """One :class:`~handlerkit.streaming.Chunk`, shown in its request's pane now; a chunk
+        """One :class:`~handlerkit.worker.streaming.Chunk`, shown in its request's pane now; a chunk
         for a request id the batch does not hold is left out (the run's problems name it)."""
         index = chunk.index
         if index is None or not 0 <= index < len(self.panes):

@@ -30,11 +30,11 @@ from typing import Any
 from handlerkit._optional import require
 from handlerkit._text import render_html, render_text
 from handlerkit.errors import HandlerkitError
-from handlerkit.requests import Request
 from handlerkit.sequences import Job, Sequences, Step
 from handlerkit.summaries import describe, iter_tensors, summary
 from handlerkit.widgets import panes
 from handlerkit.widgets.panes import PANE_HEIGHT
+from handlerkit.worker.requests import Request
 
 __all__ = ["SequenceStepper"]
 

@@ -25,14 +25,14 @@ import warnings
 from typing import Any
 
 from handlerkit._optional import require
-from handlerkit.batches import Batch
 from handlerkit.errors import HandlerkitError
-from handlerkit.requests import Request
 from handlerkit.sequences import Sequences
 from handlerkit.widgets import panes
 from handlerkit.widgets.live import LivePanes
 from handlerkit.widgets.panes import PANE_HEIGHT
 from handlerkit.widgets.sequence import SequenceStepper
+from handlerkit.worker.batches import Batch
+from handlerkit.worker.requests import Request
 
 __all__ = ["Stepper"]
 

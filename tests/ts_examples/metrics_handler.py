@@ -9,7 +9,7 @@ PredictionTime, so anything else raises a KeyError (MetricsCacheKeyError).
 import torch
 
 from handlerkit.handlers.base import BaseHandler as Base
-from handlerkit.metrics import MetricType
+from handlerkit.worker.metrics import MetricType
 
 
 class CountingMetrics(Base):

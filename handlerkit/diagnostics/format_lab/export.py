@@ -6,7 +6,7 @@ falling back to a fixed one) and loads the file with :func:`handlerkit.formats.l
 ``compile`` wraps the model in ``torch.compile`` with the handler's ``pt2`` options.
 
 :func:`save_made` saves a format that gave eager's answers into the handler's model dir
-(:func:`handlerkit.served_format.save_format`), the lab's ``save=``.
+(:func:`handlerkit.formats.saved.save_format`), the lab's ``save=``.
 
 Why a model did not export: the exporter's error, the model's line that stopped it, and a fix.
 

@@ -59,7 +59,7 @@ def compare_formats(
         directory: where to write the artifacts (default: a temporary directory, removed after).
         save: a format to save into the handler's model dir when its answers agree and the
             saved dir, opened afresh, serves the batch's sizes through the handler
-            (:func:`handlerkit.served_format.save_format`; tried even when not in ``formats``);
+            (:func:`handlerkit.formats.saved.save_format`; tried even when not in ``formats``);
             ``onnx``, ``export`` and ``aoti`` warn that TorchServe's own BaseHandler does not serve them.
         replace: with ``save``, delete the files of earlier saves (never the original weights).
         dynamic_shapes: the model's input dimensions that vary besides the batch, exported
@@ -264,8 +264,8 @@ def _first_calls(
     row: FormatRow, model: Any, view: HarnessView, batch: Any, data: Any, reference: Any, atol: float, rtol: float
 ) -> None:
     """The first inference call (time, peak memory), then the whole batch's answers against eager's."""
-    from handlerkit.memory import MemoryTracker
-    from handlerkit.timer import Timer
+    from handlerkit.worker.memory import MemoryTracker
+    from handlerkit.worker.timer import Timer
 
     handler = view.handler
     device = getattr(handler, "device", None)
@@ -325,7 +325,7 @@ def _batch_sizes(row: FormatRow, model: Any, eager: Any, inputs: tuple, n: int, 
 
 def _steady(report: FormatReport, models: dict[str, Any], handler: Any, data: Any, warmup: int, repeat: int) -> None:
     """Every format's inference call timed side by side, the order rotating each round."""
-    from handlerkit.timer import Timer
+    from handlerkit.worker.timer import Timer
 
     device = getattr(handler, "device", None)
     ready = [row for row in report.rows if row.format in models and row.error is None]

@@ -1,5 +1,5 @@
 """The lab's ``save=``: a format that gave eager's answers saved into the handler's model dir
-(:func:`handlerkit.served_format.save_format`) once the saved dir serves.
+(:func:`handlerkit.formats.saved.save_format`) once the saved dir serves.
 
 :func:`serve_check` makes the save in a copy of the dir and opens the copy as a server would
 (:class:`handlerkit.service.Service`, the manifest's handler), so the handler's own
@@ -29,7 +29,7 @@ __all__ = ["Case", "Refusal", "save_dir", "save_made", "serve_check"]
 def save_dir(context: Any, name: str, fmt: str, replace: bool) -> str:
     """The handler's model dir, checked for saving ``fmt`` there before the lab does any work."""
     from handlerkit.errors import HandlerkitError
-    from handlerkit.served_format import plan_save
+    from handlerkit.formats.saved import plan_save
 
     model_dir = context.system_properties.get("model_dir")
     if getattr(context, "archive", None) is not None or not model_dir:
@@ -77,8 +77,8 @@ def save_made(
 ) -> tuple[Any, str, Refusal | None]:
     """Save ``row``'s format (its file in ``workdir``) into the model dir when it gave eager's
     answers and the saved dir serves ``cases`` (:func:`serve_check`): the
-    :class:`~handlerkit.served_format.SavedFormat` (None when not saved), a note, and the refusal."""
-    from handlerkit.served_format import ARTIFACT_NAMES, save_format
+    :class:`~handlerkit.formats.saved.SavedFormat` (None when not saved), a note, and the refusal."""
+    from handlerkit.formats.saved import ARTIFACT_NAMES, save_format
 
     fmt = row.format
     if not row.agrees:
@@ -114,7 +114,7 @@ def serve_check(
 ) -> Refusal | None:
     """Save ``fmt`` into a copy of ``model_dir``, open the copy as a server would and run
     ``cases`` through its handler: None when every answer is eager's, else why not."""
-    from handlerkit.served_format import save_format
+    from handlerkit.formats.saved import save_format
 
     with tempfile.TemporaryDirectory(prefix="handlerkit-saved-") as tmp:
         copy = os.path.join(tmp, os.path.basename(os.path.normpath(model_dir)))
@@ -180,7 +180,7 @@ def _torchserve_base(handler: Any) -> bool:
 
 
 def _not_loaded_fix(fmt: str, service: Any) -> str:
-    from handlerkit.served_format import NOT_TORCHSERVE_FIX
+    from handlerkit.formats.saved import NOT_TORCHSERVE_FIX
 
     if _torchserve_base(service.handler) and fmt in NOT_TORCHSERVE_FIX:
         return f"{service.name} is TorchServe's BaseHandler, which does not load it: " + NOT_TORCHSERVE_FIX[fmt]

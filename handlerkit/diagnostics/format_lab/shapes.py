@@ -6,7 +6,7 @@ alone (with the eager model) and the inference stage's inputs compared with the 
 dimension whose size differs varies (the ranker pads the batch's item lists to the longest, so
 ``item_ids`` dim 1 is 7 in the batch and 2 for a short request alone). The user declares the
 rest, or overrides what was seen: ``compare_formats(dynamic_shapes=...)`` or the model config's
-``handler: {dynamic_shapes: ...}`` (:class:`handlerkit.config.HandlerSettings`), input name
+``handler: {dynamic_shapes: ...}`` (:class:`handlerkit.worker.config.HandlerSettings`), input name
 (``forward``'s parameter) or position -> the dimensions that vary (an empty list: none).
 
 :class:`Dims` holds the answer; the exporters make those dimensions dynamic. :func:`probes`
@@ -105,8 +105,8 @@ def configured_dims(view: Any) -> tuple[Mapping[Any, Any] | None, str]:
     """``handler.dynamic_shapes`` of the harness's model config, and where it came from."""
     import warnings
 
-    from handlerkit.config import parse_config
     from handlerkit.errors import HandlerkitWarning
+    from handlerkit.worker.config import parse_config
 
     raw = getattr(view.context, "model_yaml_config", None)
     if not isinstance(raw, Mapping) or not isinstance(raw.get("handler"), Mapping):

@@ -16,7 +16,7 @@
 A request reaches the handler as TorchServe 0.12's frontend and worker deliver KServe's
 routes to a model served with a service envelope (``InferenceRequestHandler``'s
 ``/v1/models/<m>:predict`` and ``/v2/models/<m>/infer``): the v1 body through the ``kserve``
-envelope, the v2 body through ``kservev2`` (:mod:`handlerkit.envelopes`), with the request's
+envelope, the v2 body through ``kservev2`` (:mod:`handlerkit.worker.envelopes`), with the request's
 headers, ``explain`` set as the frontend sets it (:mod:`handlerkit.serving._http`). So a handler
 written for TorchServe-on-KServe gives the same answers, and a request the handler fails alone
 (``context.set_response_status``) or a batch the worker fails keeps TorchServe's status, content

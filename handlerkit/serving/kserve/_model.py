@@ -19,14 +19,14 @@ from typing import Any
 import kserve
 from kserve.protocol.infer_type import InferRequest
 
-from handlerkit.context import MockContext
-from handlerkit.envelopes import wrap
 from handlerkit.errors import HandlerkitError
 from handlerkit.recording.failures import handler_files
 from handlerkit.service import Service, WorkingDir
 from handlerkit.serving._failures import batch_failure, logger
 from handlerkit.serving._http import Reply, replies, to_request, worker_error, worker_failure
 from handlerkit.serving.kserve._v2 import error_reply, input_problems, invalid_request, request_validation_response
+from handlerkit.worker.context import MockContext
+from handlerkit.worker.envelopes import wrap
 
 __all__ = ["HandlerModel", "HandlerReply"]
 
