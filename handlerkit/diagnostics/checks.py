@@ -256,8 +256,8 @@ def _run_checks(harness: HarnessView, batch: Any, atol: float, rtol: float, show
 
 def _recompile_gate(harness: HarnessView, batch: Any, report: CheckReport) -> None:
     """For a compiled model only (nothing runs otherwise): would the batch sizes production can
-    send recompile? (:mod:`handlerkit.diagnostics._compile_gate`)"""
-    from handlerkit.diagnostics._compile_gate import check_sizes, eager_model, gate_problems, run_gate
+    send recompile? (:mod:`handlerkit.diagnostics.compile.gate`)"""
+    from handlerkit.diagnostics.compile.gate import check_sizes, eager_model, gate_problems, run_gate
 
     if eager_model(getattr(harness.handler, "model", None)) is None:
         return

@@ -71,7 +71,7 @@ def test_check_includes_the_recompile_gate_for_a_compiled_model(tmp_path, reques
 def test_check_of_an_uncompiled_handler_runs_no_gate(monkeypatch):
     import pytest
 
-    from handlerkit.diagnostics import _compile_gate
+    from handlerkit.diagnostics.compile import gate as _compile_gate
 
     monkeypatch.setattr(_compile_gate, "run_gate", lambda *args, **kwargs: pytest.fail("the gate ran"))
     report = hk.Harness(Sum(), hk.MockContext(gpu_id=None)).check([[1.0, 2.0], [3.0]])

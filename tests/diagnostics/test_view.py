@@ -43,8 +43,8 @@ def test_the_harness_has_every_member():
 def test_diagnostics_use_only_the_members_it_lists():
     listed = members()
     beyond = {
-        f"{path.name}:{func}": sorted(attrs - listed)
-        for path in sorted(DIAGNOSTICS.glob("*.py"))
+        f"{path.relative_to(DIAGNOSTICS)}:{func}": sorted(attrs - listed)
+        for path in sorted(DIAGNOSTICS.rglob("*.py"))
         for func, attrs in used_members(path.read_text(encoding="utf-8")).items()
         if attrs - listed
     }

@@ -13,8 +13,8 @@ from typing import Any
 from handlerkit._compare import differences, same_output, shown
 from handlerkit._progress import Bar
 from handlerkit._text import suggestion
-from handlerkit.diagnostics._compile_gate import eager_model
 from handlerkit.diagnostics._view import HarnessView, model_handler
+from handlerkit.diagnostics.compile.gate import eager_model
 from handlerkit.diagnostics.format_lab.export import make, quiet
 from handlerkit.diagnostics.format_lab.report import FormatReport, FormatRow
 from handlerkit.diagnostics.format_lab.saving import Case, save_dir, save_made

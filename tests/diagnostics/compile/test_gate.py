@@ -1,4 +1,4 @@
-"""handlerkit.diagnostics._compile_gate: the recompile gate's pieces, on a harness double (the
+"""handlerkit.diagnostics.compile.gate: the recompile gate's pieces, on a harness double (the
 gate on real compiled models is tested in test_diagnostics_compile.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import handlerkit as hk
-from handlerkit.diagnostics._compile_gate import (
+from handlerkit.diagnostics.compile.gate import (
     FIX_DYNAMIC,
     FIX_SIZE_ONE,
     GateResult,

@@ -1,7 +1,7 @@
 """``Harness.compile_report``: did ``torch.compile`` apply, what it cost, where it breaks, when it recompiles.
 
 One report, read from torch's structured records rather than its log text
-(:mod:`handlerkit.diagnostics._dynamo_events`):
+(:mod:`handlerkit.diagnostics.compile.dynamo_events`):
 
 1. the ``pt2`` settings in force (any schema) and whether compilation really applied, or why not;
 2. the first call, which *is* the handler's first compiled call (a model is never compiled a
@@ -14,7 +14,7 @@ One report, read from torch's structured records rather than its log text
 4. the steady-state median of the compiled model against the eager one (``_orig_mod``, swapped
    in for the timing and put back whatever happens) on the same batch, with its noise and
    conditions (:mod:`.noise`): a compiled model slower beyond that noise is a problem;
-5. with ``batch_sizes``, the deploy-time recompile gate (:mod:`._compile_gate`).
+5. with ``batch_sizes``, the deploy-time recompile gate (:mod:`.gate`).
 
 The report leaves torch as it found it: it never calls ``torch._dynamo.reset()`` or
 ``explain`` (both wipe every compiled cache), changes no ``torch._dynamo.config`` or logging
@@ -34,10 +34,9 @@ from handlerkit._progress import Bar
 from handlerkit._render import Rendered, Table
 from handlerkit._stack import user_stacklevel
 from handlerkit._text import format_number
-from handlerkit.diagnostics import _compile_facts as facts
-from handlerkit.diagnostics._compile_facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
-from handlerkit.diagnostics._compile_gate import GateResult, eager_model, gate_notes, gate_problems, run_gate
-from handlerkit.diagnostics._dynamo_events import (
+from handlerkit.diagnostics._view import HarnessView, model_handler
+from handlerkit.diagnostics.compile import facts
+from handlerkit.diagnostics.compile.dynamo_events import (
     CompiledFrame,
     CountersKept,
     DynamoEvents,
@@ -47,8 +46,9 @@ from handlerkit.diagnostics._dynamo_events import (
     recompiles,
     where,
 )
-from handlerkit.diagnostics._specialisations import Specialisation, specialisations
-from handlerkit.diagnostics._view import HarnessView, model_handler
+from handlerkit.diagnostics.compile.facts import FELL_BACK, failure_fix, first_call_facts, read_settings, stage_ms
+from handlerkit.diagnostics.compile.gate import GateResult, eager_model, gate_notes, gate_problems, run_gate
+from handlerkit.diagnostics.compile.specialisations import Specialisation, specialisations
 from handlerkit.diagnostics.noise import Conditions, Fastest, fastest
 from handlerkit.diagnostics.runs import diagnostic_runs, ensure_initialized
 from handlerkit.diagnostics.timing import TimingStats, summarize

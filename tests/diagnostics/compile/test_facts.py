@@ -1,4 +1,4 @@
-"""handlerkit.diagnostics._compile_facts: what a compile report says about the pt2 settings and the
+"""handlerkit.diagnostics.compile.facts: what a compile report says about the pt2 settings and the
 first call, from recorded decisions, the model config and caught records (no model is compiled
 here: torch.compile wraps lazily; the reports on compiled models are test_diagnostics_compile.py's)."""
 
@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import handlerkit as hk
-from handlerkit.diagnostics._compile_facts import (
+from handlerkit.diagnostics.compile import CompileReport
+from handlerkit.diagnostics.compile.dynamo_events import CompiledFrame
+from handlerkit.diagnostics.compile.facts import (
     _HOW_TO_COMPILE,
     _TRY_AOT_EAGER,
     FELL_BACK,
@@ -20,8 +22,6 @@ from handlerkit.diagnostics._compile_facts import (
     read_settings,
     stage_ms,
 )
-from handlerkit.diagnostics._dynamo_events import CompiledFrame
-from handlerkit.diagnostics.compile import CompileReport
 from handlerkit.handlers.base import CompileDecision
 from handlerkit.recording.results import Run, StageResult
 

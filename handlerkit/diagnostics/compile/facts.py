@@ -13,9 +13,9 @@ import warnings
 from typing import Any
 
 from handlerkit._text import suggestion
-from handlerkit.diagnostics._compile_gate import eager_model
-from handlerkit.diagnostics._dynamo_events import DynamoEvents, dynamic_dims, recompiles, user_frame
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.compile.dynamo_events import DynamoEvents, dynamic_dims, recompiles, user_frame
+from handlerkit.diagnostics.compile.gate import eager_model
 from handlerkit.diagnostics.noise import spread
 from handlerkit.summaries import iter_tensors
 from handlerkit.worker.contract import Problem

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlerkit.diagnostics._dynamo_events import DynamoEvents
 from handlerkit.diagnostics._view import HarnessView
+from handlerkit.diagnostics.compile.dynamo_events import DynamoEvents
 from handlerkit.errors import StageError
 from handlerkit.worker.contract import Problem
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from handlerkit.diagnostics._dynamo_events import dynamic_dims, user_frame, where
+from handlerkit.diagnostics.compile.dynamo_events import dynamic_dims, user_frame, where
 
 __all__ = ["Specialisation", "specialisations"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch._logging import structured
 
-from handlerkit.diagnostics._specialisations import Specialisation, specialisations
+from handlerkit.diagnostics.compile.specialisations import Specialisation, specialisations
 
 
 def record(filename, line=7, source="L['x'].size()[0]"):

@@ -232,7 +232,7 @@ def test_recompile_during_the_report_is_listed_with_its_reason(mlp_dir):
 
 
 def test_the_compiled_model_is_put_back_when_the_eager_timing_is_interrupted(mlp_dir, monkeypatch):
-    from handlerkit.diagnostics import compile as compile_module
+    from handlerkit.diagnostics.compile import report as compile_module
 
     real, summaries = compile_module.summarize, []
 
@@ -251,7 +251,7 @@ def test_the_compiled_model_is_put_back_when_the_eager_timing_is_interrupted(mlp
 
 
 def test_without_structured_records_the_report_has_fewer_fields(break_dir, monkeypatch):
-    from handlerkit.diagnostics import _dynamo_events
+    from handlerkit.diagnostics.compile import dynamo_events as _dynamo_events
 
     # As with a torch that writes no torch.__trace records: get_compilation_metrics() remains.
     monkeypatch.setattr(_dynamo_events, "_trace_logger", lambda: logging.getLogger("handlerkit.tests.silent"))
@@ -429,7 +429,7 @@ def test_inductor_first_call_split(mlp_dir, tmp_path, monkeypatch):
 
 
 def test_a_compile_report_is_ok_without_an_error_a_failing_problem_or_a_recompile():
-    from handlerkit.diagnostics._compile_gate import GateResult
+    from handlerkit.diagnostics.compile.gate import GateResult
     from handlerkit.worker.contract import Problem
 
     assert CompileReport(handler="H").ok  # nothing ran, nothing failed
@@ -442,7 +442,7 @@ def test_a_compile_report_is_ok_without_an_error_a_failing_problem_or_a_recompil
 
 
 def test_compile_tables_wrap_long_guards_and_fixes():
-    from handlerkit.diagnostics._compile_gate import GateResult
+    from handlerkit.diagnostics.compile.gate import GateResult
     from handlerkit.worker.contract import Problem
 
     guard = "tensor 'L['x']' size mismatch at index 0. expected 2, actual 4; " * 6  # ~390 characters
@@ -458,7 +458,7 @@ def test_compile_tables_wrap_long_guards_and_fixes():
 # ---------------------------------------------------------------------------- compiled against eager
 def _steady_times(monkeypatch, compiled: list[float], eager: list[float]) -> None:
     """The steady calls timed as given: the compiled model's first, then eager's (``_timed``'s order)."""
-    from handlerkit.diagnostics import compile as compile_module
+    from handlerkit.diagnostics.compile import report as compile_module
     from handlerkit.diagnostics.timing import summarize
 
     given = iter([compiled, eager])

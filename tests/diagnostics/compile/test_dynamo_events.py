@@ -1,4 +1,4 @@
-"""handlerkit.diagnostics._dynamo_events: torch.compile's own records, read into plain facts."""
+"""handlerkit.diagnostics.compile.dynamo_events: torch.compile's own records, read into plain facts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from handlerkit.diagnostics._dynamo_events import (
+from handlerkit.diagnostics.compile.dynamo_events import (
     CompiledFrame,
     CountersKept,
     DynamoEvents,
