@@ -194,9 +194,10 @@ class Service:
         )
         try:
             return cls(handler, context, envelope=envelope, build=build, working_dir=working_dir)
-        except BaseException:
+        except BaseException as error:
             archive = getattr(context, "archive", None)
-            if archive is not None:
+            if archive is not None:  # tell the failure while the archive's files exist, then remove them
+                _named_in_archive(error, str(archive.path), os.fspath(model))
                 archive.cleanup()
             raise
 
@@ -498,3 +499,14 @@ def class_bound(handler: Any, name: str) -> Any:
         raise AttributeError(f"{cls.__name__} has no {name}")
     get = getattr(type(attr), "__get__", None)
     return get(attr, handler, cls) if get is not None else attr
+
+
+def _named_in_archive(error: BaseException, unpacked: str, archive: str) -> None:
+    """A handler of ``archive`` failed to load from ``unpacked``: the line its code raised at is
+    read while the file exists, and the unpacked files are named ``archive/member`` in the error."""
+    from handlerkit.archive.extract import name_archive_files
+    from handlerkit.worker.locations import raised_at
+
+    if isinstance(error, HandlerLoadError) and error.__cause__ is not None and getattr(error, "location", None) is None:
+        error.location = raised_at(error.__cause__)  # type: ignore[attr-defined]
+    name_archive_files(error, unpacked, archive)

@@ -32,10 +32,10 @@ from typing import Any
 from handlerkit._compare import Difference, differences, shown
 from handlerkit._stack import user_stacklevel
 from handlerkit.errors import HandlerkitWarning, StageError
-from handlerkit.recording.locations import shown_at
 from handlerkit.summaries import describe
 from handlerkit.worker.batches import Batch
 from handlerkit.worker.contract import Problem, check_statuses, response_statuses
+from handlerkit.worker.locations import shown_at
 
 __all__ = ["RequestFiles", "assert_batch_parity", "assert_contract", "assert_matches_golden", "label_request"]
 

@@ -29,7 +29,7 @@ from handlerkit._text import format_bytes
 from handlerkit.archive.read import is_archive, list_archive, stem
 from handlerkit.archive.rules import REBUILD, ArchiveError, Entry, Limits, Listing
 
-__all__ = ["ExtractedArchive", "context_from_mar", "extract", "open_mar", "open_temporary"]
+__all__ = ["ExtractedArchive", "context_from_mar", "extract", "name_archive_files", "open_mar", "open_temporary"]
 
 _CHUNK = 1 << 20
 
@@ -273,3 +273,28 @@ def context_from_mar(cls: Any, path: str | os.PathLike[str], *, limits: Limits |
         raise
     ctx.archive = extracted
     return ctx
+
+
+def name_archive_files(error: BaseException, unpacked: str, archive: str) -> None:
+    """Name the files of ``unpacked`` (where ``archive`` was unpacked) as ``archive/member`` in
+    ``error``'s message, fix, location and problems, as Python names a zip's modules."""
+    dirs = sorted({unpacked.rstrip(os.sep), os.path.realpath(unpacked)}, key=len, reverse=True)
+
+    def renamed(text: str) -> str:
+        for folder in dirs:
+            text = text.replace(folder + os.sep, archive.rstrip("/") + "/").replace(folder, archive)
+        return text
+
+    for name in ("message", "fix"):
+        value = getattr(error, name, None)
+        if isinstance(value, str):
+            setattr(error, name, renamed(value))
+    location = getattr(error, "location", None)
+    if location is not None:
+        error.location = (renamed(location[0]), *location[1:])  # type: ignore[attr-defined]
+    locations = getattr(error, "locations", None)
+    if isinstance(locations, list):
+        error.locations = [(renamed(at[0]), *at[1:]) for at in locations]  # type: ignore[attr-defined]
+    problems = getattr(error, "problems", None)
+    if isinstance(problems, list):
+        error.problems = [renamed(p) if isinstance(p, str) else p for p in problems]  # type: ignore[attr-defined]

@@ -219,9 +219,9 @@ def loaded(args: argparse.Namespace) -> Iterator[Loaded]:
 
 
 def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Loaded]:
-    """:meth:`Harness.open <handlerkit.harness.Harness.open>` in two steps (the context, then the
-    harness), so that an archive's temporary dir is known while its errors can still be told:
-    they name the archive's files as ``MODEL/member`` (the dir is gone once the command exits)."""
+    """:meth:`Harness.open <handlerkit.harness.Harness.open>`, its errors telling the line that
+    raised and naming an archive's files as ``MODEL/member`` (its temporary dir is gone once the
+    command exits); the service is closed, and the archive's dir removed, on the way out."""
     if not os.path.exists(path):
         raise InputError(f"no such model dir or .mar: {path}")
     if os.path.isdir(path):
@@ -230,52 +230,27 @@ def _opened(path: str, handler: str | None, config: str | None) -> Iterator[Load
             raise InputError(problem)
     from handlerkit.errors import HandlerkitError
     from handlerkit.harness import Harness
-    from handlerkit.worker.context import MockContext
 
-    context = MockContext.from_model_dir(path, config=config)  # an archive is unpacked into a temp dir
-    unpacked = getattr(context, "archive", None)
     harness = None
     try:
-        harness = Harness(handler, context)
+        # Harness.open opens the model through Service.open, which unpacks an archive into a temp
+        # dir it owns and, when loading fails, names the archive's files as MODEL/member.
+        harness = Harness.open(path, handler, config=config)
         harness.fix_then = "run the command again"  # a terminal has no h.reload()
         # The model's name is the manifest's modelName (what TorchServe serves it as), not the path's.
-        yield Loaded(harness, context.model_name or os.path.basename(os.path.normpath(path)))
+        yield Loaded(harness, harness.context.model_name or os.path.basename(os.path.normpath(path)))
     except HandlerkitError as error:
         if failed_to_load(error) and getattr(error, "location", None) is None:
-            error.location = load_location(error)  # type: ignore[attr-defined]  # while an archive's files exist
-        if unpacked is not None:
-            _in_archive(error, str(unpacked.path), path)
+            error.location = load_location(error)  # type: ignore[attr-defined]
+        archive = harness.service.archive if harness is not None else None
+        if archive is not None:  # a stage failed in the archive's files (a load failure is named by Service.open)
+            from handlerkit.archive.extract import name_archive_files
+
+            name_archive_files(error, str(archive.path), path)
         raise
     finally:
         if harness is not None:
             harness.service.close()  # removes the archive's dir too
-        elif unpacked is not None:
-            unpacked.cleanup()
-
-
-def _in_archive(error: Exception, unpacked: str, archive: str) -> None:
-    """Name the files of ``unpacked`` (where ``archive`` was unpacked) as ``archive/member`` in
-    ``error``'s message, fix, location and problems, as Python names a zip's modules."""
-    dirs = sorted({unpacked.rstrip(os.sep), os.path.realpath(unpacked)}, key=len, reverse=True)
-
-    def renamed(text: str) -> str:
-        for folder in dirs:
-            text = text.replace(folder + os.sep, archive.rstrip("/") + "/").replace(folder, archive)
-        return text
-
-    for name in ("message", "fix"):
-        value = getattr(error, name, None)
-        if isinstance(value, str):
-            setattr(error, name, renamed(value))
-    location = getattr(error, "location", None)
-    if location is not None:
-        error.location = (renamed(location[0]), *location[1:])  # type: ignore[attr-defined]
-    locations = getattr(error, "locations", None)
-    if isinstance(locations, list):
-        error.locations = [(renamed(at[0]), *at[1:]) for at in locations]  # type: ignore[attr-defined]
-    problems = getattr(error, "problems", None)
-    if isinstance(problems, list):
-        error.problems = [renamed(p) if isinstance(p, str) else p for p in problems]  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

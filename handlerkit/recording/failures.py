@@ -4,7 +4,7 @@ the fix.
 
 The request at fault is the error's own, the only one of a batch of one, or the one that fails
 when the requests are run alone (:mod:`handlerkit.recording.alone`); the user's lines are read
-off the traceback (:mod:`handlerkit.recording.locations`); the fix tells the input from the code
+off the traceback (:mod:`handlerkit.worker.locations`); the fix tells the input from the code
 (:mod:`handlerkit.recording.fixes`), and failing all else points at the line that raised.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 from handlerkit.errors import HandlerkitError, RequestError, StageError
 from handlerkit.recording.alone import Alone, run_alone
 from handlerkit.recording.fixes import REFUSE_ALONE, input_fix, missing_key_fix, payload_fix, suggest_fix, together_fix
-from handlerkit.recording.locations import Location, cell_name, named, raised_at, raised_in, refresh_sources, shown_at
 from handlerkit.recording.spy import SPIED, is_spied
+from handlerkit.worker.locations import Location, cell_name, named, raised_at, raised_in, refresh_sources, shown_at
 
 __all__ = [  # REFUSE_ALONE, missing_key_fix, suggest_fix: the fixes', here too, where they always were
     "REFUSE_ALONE",
@@ -53,7 +53,7 @@ def stage_error(
     """The :class:`StageError` for ``exc`` raised in ``stage``.
 
     The message has one ``at file:line: source`` line per user file the exception was raised
-    through (:func:`~handlerkit.recording.locations.raised_in`, innermost last; a notebook
+    through (:func:`~handlerkit.worker.locations.raised_in`, innermost last; a notebook
     cell's as ``at Cell In[3], line 7: source``), then ``notes`` (what running the requests
     alone found), one line each.
 

@@ -19,8 +19,8 @@ from typing import Any
 from handlerkit._text import suggestion
 from handlerkit.formats import STATE_DICT_FIX
 from handlerkit.recording.alone import Alone
-from handlerkit.recording.locations import Location, named
 from handlerkit.worker.batches import payload
+from handlerkit.worker.locations import Location, named
 
 __all__ = ["REFUSE_ALONE", "input_fix", "missing_key_fix", "payload_fix", "suggest_fix", "together_fix"]
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from handlerkit._stack import user_stacklevel
 from handlerkit.errors import HandlerkitError, HandlerkitWarning
 from handlerkit.recording.failures import stage_error
-from handlerkit.recording.locations import defined_in_cell
 from handlerkit.worker.freshness import exec_source
+from handlerkit.worker.locations import defined_in_cell
 
 if TYPE_CHECKING:
     from handlerkit.service import Service

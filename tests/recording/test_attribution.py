@@ -41,8 +41,8 @@ from handlerkit.errors import HandlerkitError, StageError
 from handlerkit.handlers import BaseHandler
 from handlerkit.recording import failures
 from handlerkit.recording.alone import ENOUGH_FAILING
-from handlerkit.recording.locations import cell_name
 from handlerkit.serving._failures import batch_failure
+from handlerkit.worker.locations import cell_name
 from handlerkit.worker.streaming import ChunkSocket
 
 ROOT = Path(__file__).resolve().parents[2]
