@@ -1,7 +1,7 @@
 """handlerkit.archive, the package's front: ``build`` (options checked, then plan, then write) end to
 end, every refusal it documents, and the names the package offers. Each step has its own test
-module: test_archive_pack.py (what goes in), test_archive_write.py (how it is written),
-test_archive_read.py, test_archive_extract.py and test_archive_inspect.py (opening).
+module: tests/archive/test_pack.py (what goes in), tests/archive/test_write.py (how it is written),
+tests/archive/test_read.py, tests/archive/test_extract.py and tests/archive/test_inspect.py (opening).
 """
 
 from __future__ import annotations

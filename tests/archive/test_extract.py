@@ -1,6 +1,6 @@
 """handlerkit.archive.extract: an archive extracted all at once or not at all, and the private temp
 dirs of MockContext.from_mar / from_model_dir(.mar), which live as long as the context (and are
-swept after a killed process). What is refused before extracting is in test_archive_read.py.
+swept after a killed process). What is refused before extracting is in tests/archive/test_read.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """handlerkit.archive.pack: what goes into an archive, and why (the import scan it uses is tested in
-test_archive_imports.py, the names never swept in in test_archive_rules.py).
+tests/archive/test_imports.py, the names never swept in in tests/archive/test_rules.py).
 
 - a model dir: the files its manifest references, the modules and packages of the dir that
   they import (transitively) and index_to_name.json are packed, with their sizes and reasons;

@@ -3,10 +3,10 @@ anything: sniffing, the manifest, and the bad-archive matrix, each archive craft
 refused (by open_mar, which lists first) with the path, the entry and the rule, nothing written
 outside the target, nothing left behind.
 
-Extracting is in test_archive_extract.py, inspecting in test_archive_inspect.py, the rules and
-the error in test_archive_rules.py, building in test_archive.py, test_archive_pack.py (what
-goes in) and test_archive_write.py (how it is written); the real server round trip in
-test_archive_torchserve.py.
+Extracting is in tests/archive/test_extract.py, inspecting in tests/archive/test_inspect.py, the rules and
+the error in tests/archive/test_rules.py, building in test_archive.py, tests/archive/test_pack.py (what
+goes in) and tests/archive/test_write.py (how it is written); the real server round trip in
+tests/archive/test_torchserve.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """handlerkit.archive.rules: the rules an archive must keep, the ArchiveError that names the one
 broken, the zip-bomb Limits, the manifest's checks, and the names never swept into an archive.
-Archives crafted to break each rule are in test_archive_read.py.
+Archives crafted to break each rule are in tests/archive/test_read.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and read by TorchServe's own code.
   (ZipUtils.decompressTarGzipFile, run in Java) extracts it, and would not extract a .tar.gz of
   several gzip members.
 
-What goes in is tested in test_archive_pack.py, the manifest's keys in test_archive_manifest.py,
+What goes in is tested in tests/archive/test_pack.py, the manifest's keys in tests/archive/test_manifest.py,
 ``archive.build`` end to end in test_archive.py.
 """
 

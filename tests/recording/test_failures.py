@@ -85,7 +85,7 @@ def test_a_request_that_fails_alone_where_another_passes_is_told_its_payload_is_
         "request 1 fails preprocess alone where request 0 passes, so what it sent is what the handler cannot read: "
         "compare its payload with request 0's; validate it in preprocess and refuse that request alone "
         "(self.refuse(index, message, fix=...), see handlerkit.handlers.PerRequestErrors), "
-        "or correct test_recording_failures.py line "
+        "or correct test_failures.py line "
     )
     h.request_names = {batch[0].request_id: "one.json", batch[1].request_id: "two.json"}
     with pytest.raises(StageError, match=r"for two\.json: ValueError") as info:
@@ -102,7 +102,7 @@ def test_a_usual_cause_keeps_its_own_fix_and_requests_that_all_fail_get_the_line
         h.run([hk.Request.json({"x": "one"}), hk.Request.json({"x": "two"})])  # none passes: no payload to compare
     assert info.value.request_index is None
     assert "\n  run alone, each of the 2 requests fails too: no one request is at fault\n" in str(info.value)
-    assert info.value.fix.startswith("ValueError was raised at test_recording_failures.py line ")
+    assert info.value.fix.startswith("ValueError was raised at test_failures.py line ")
 
 
 def test_a_batch_whose_requests_each_pass_alone_is_told_what_they_sent_does_not_go_together():
@@ -117,6 +117,6 @@ def test_a_batch_whose_requests_each_pass_alone_is_told_what_they_sent_does_not_
         "differs where the handler puts them together (lists of different lengths, images of different sizes); "
         "compare their payloads, and where one has the wrong size, validate it in preprocess and refuse that "
         "request alone (self.refuse(index, message, fix=...), see handlerkit.handlers.PerRequestErrors), "
-        "or make test_recording_failures.py line "
+        "or make test_failures.py line "
     )
     assert info.value.fix.endswith(" pad them")

@@ -1,6 +1,6 @@
 """handlerkit.diagnostics.compile.facts: what a compile report says about the pt2 settings and the
 first call, from recorded decisions, the model config and caught records (no model is compiled
-here: torch.compile wraps lazily; the reports on compiled models are test_diagnostics_compile.py's)."""
+here: torch.compile wraps lazily; the reports on compiled models are tests/diagnostics/compile/test_report.py's)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """handlerkit.diagnostics.compile.gate: the recompile gate's pieces, on a harness double (the
-gate on real compiled models is tested in test_diagnostics_compile.py)."""
+gate on real compiled models is tested in tests/diagnostics/compile/test_report.py)."""
 
 from __future__ import annotations
 
