@@ -1,5 +1,8 @@
-"""The ``handlerkit`` command: every subcommand in-process through ``main([...])``, a few real
-processes for what only a process shows (imports, exit status, how warnings print).
+"""The ``handlerkit`` command (:mod:`handlerkit.cli`): its help, usage errors and exit codes
+in-process through ``main([...])``, a few real processes for what only a process shows (imports,
+exit status, how warnings print), and ``compile`` without Inductor. Each command's own tests
+are in test_<command>.py beside this file, what they share in test_common.py; the helpers in
+tests/_cli.py.
 
 Exit codes under test: 0 ok, 1 a handler failed or a check found a problem, 2 a usage or
 input error (one line on stderr, nothing on stdout, no traceback).
