@@ -1,5 +1,5 @@
 """Async handlers for the tests of TorchServe's ``asyncCommunication: true`` (test_async_worker.py,
-test_service.py, test_cli.py, test_serving_ray_async.py): model dirs written on demand.
+test_service.py, cli/test_run.py, test_serving_ray_async.py): model dirs written on demand.
 
 ``VLLM_STYLE`` is shaped as TorchServe 0.12's ``ts/torch_handler/vllm_handler.py``: its
 ``initialize`` starts an engine with ``asyncio.get_event_loop().run_until_complete(...)`` and its

@@ -109,3 +109,20 @@ def texts(fig) -> str:
     found += [cell.get_text().get_text() for ax in fig.get_axes() for table in ax.tables
               for cell in table.get_celld().values()]
     return "\n".join(found)
+
+
+def rendered(fig) -> np.ndarray:
+    """The figure's pixels, RGB in [0, 1], row 0 at the top (as a PNG holds them)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3] / 255.0
+
+
+def pixel(fig, picture: np.ndarray, ax, fx: float, fy: float) -> np.ndarray:
+    """The drawn pixel at the fraction (fx, fy) of `ax` (fy 0: its bottom edge)."""
+    box = ax.get_window_extent()
+    x = int(box.x0 + fx * box.width)
+    y = int(box.y0 + fy * box.height)
+    return picture[picture.shape[0] - 1 - y, x]

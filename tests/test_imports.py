@@ -209,11 +209,14 @@ def holds_code(path: Path) -> bool:
 def mirror_name(module: str, path: Path) -> str | None:
     """The test module that tests ``module``, folder by folder: ``handlerkit/pkg/mod.py`` (or
     ``_mod.py``) → ``pkg/test_mod``; ``handlerkit/mod.py`` → ``test_mod``; a package's
-    ``__init__`` → ``pkg/test_pkg`` (none when it holds no code); the facade → ``test_imports``.
+    ``__init__`` → ``pkg/test_pkg`` (none when it holds no code); the facade → ``test_imports``;
+    a ``__main__`` needs none (it only calls the package's ``main``, which its tests run).
     ``pkg/test_mod_<topic>`` counts too (``worker/test_context_micro_batching``)."""
     parts = module.split(".")[1:]
     if not parts:
         return "test_imports"
+    if path.name == "__main__.py":
+        return None
     if path.name == "__init__.py":
         return "/".join([*parts, f"test_{parts[-1]}"]) if holds_code(path) else None
     return "/".join([*parts[:-1], f"test_{parts[-1].strip('_')}"])
@@ -255,6 +258,7 @@ def test_the_mirror_check_sees_modules_nobody_tests(tmp_path):
         "planted_pkg/_inner.py": "X = 1\n",
         "quiet_pkg/__init__.py": '"""Re-exports only."""\n\nfrom x import y\n\n__all__ = ["y"]\n',
         "quiet_pkg/loud.py": "X = 1\n",
+        "quiet_pkg/__main__.py": "from quiet_pkg.loud import main\n\nmain()\n",
     }
     for name, text in files.items():
         (tmp_path / "handlerkit" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +270,7 @@ def test_the_mirror_check_sees_modules_nobody_tests(tmp_path):
         "handlerkit/planted_pkg/__init__.py: no tests/planted_pkg/test_planted_pkg.py",
         "handlerkit/planted_pkg/_inner.py: no tests/planted_pkg/test_inner.py",
         "handlerkit/quiet_pkg/loud.py: no tests/quiet_pkg/test_loud.py",
-    ]  # quiet_pkg's __init__ holds no code: it needs none
+    ]  # quiet_pkg's __init__ holds no code and its __main__ only calls main: they need none
     tests = {"test_imports", "test_planted", "planted_pkg/test_planted_pkg", "planted_pkg/test_inner_topic", "quiet_pkg/test_loud"}
     assert mirror_gaps(planted, tests, tmp_path) == []
     assert mirror_gaps(planted, tests - {"planted_pkg/test_inner_topic"} | {"test_inner"}, tmp_path) == [
@@ -416,29 +420,3 @@ def test_the_facade_lists_exactly_what_it_serves():
     assert typed - {"_moved"} == set(handlerkit._EXPORTS)
     for name in handlerkit.__all__:
         assert getattr(handlerkit, name) is not None
-
-
-def test_an_old_import_path_works_for_one_release_with_a_warning():
-    """``from handlerkit.context import MockContext`` (before 0.2) still works and says where it went."""
-    code = (
-        "import warnings\n"
-        "warnings.simplefilter('always')\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    from handlerkit.context import MockContext\n"
-        "    import handlerkit.results as old\n"
-        "import handlerkit.worker.context as new, handlerkit.recording.results as records\n"
-        "print(MockContext is new.MockContext, old is records, new.__spec__.name)\n"
-        "for w in caught: print(w.category.__name__, w.filename, w.message)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[0] == "True True handlerkit.worker.context"
-    assert lines[1:] == [
-        "DeprecationWarning <string> handlerkit: handlerkit.context moved to handlerkit.worker.context; "
-        "import it from there (the old path goes in handlerkit 0.3)",
-        "DeprecationWarning <string> handlerkit: handlerkit.results moved to handlerkit.recording.results; "
-        "import it from there (the old path goes in handlerkit 0.3)",
-    ]  # once each, pointing at the user's line, not at the import machinery
-    gone = subprocess.run([sys.executable, "-c", "import handlerkit.nothing_here"], capture_output=True, text=True, cwd=str(ROOT))
-    assert "No module named 'handlerkit.nothing_here'" in gone.stderr  # the finder answers for moved names only

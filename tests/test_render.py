@@ -67,16 +67,3 @@ def test_every_report_and_result_uses_the_base():
     for cls in (StageResult, Run, CheckReport, DeviceReport, TimingReport, SweepReport):
         assert issubclass(cls, Rendered), cls
         assert "_repr_html_" not in vars(cls) and "_repr_mimebundle_" not in vars(cls), cls
-
-
-def test_a_table_may_wrap_long_text_cells_and_keeps_numbers_whole():
-    from handlerkit._text import render_text
-
-    long = "a guard that fails because the tensor size changed from two to four " * 3
-    lines = render_text(["size", "why"], [[123456789, long], [2, "short"]], wrap=30).splitlines()
-    assert max(len(line) for line in lines) <= len("123456789") + 2 + 30
-    assert lines[2].startswith("123456789  a guard that fails")  # the number on the row's first line
-    assert " ".join(" ".join(lines[2:-1]).split()).replace("123456789 ", "") == " ".join(long.split())
-    assert lines[-1].split() == ["2", "short"]
-    unwrapped = render_text(["why"], [[long], ["short"]]).splitlines()  # without wrap: the 100-column limit
-    assert max(len(line) for line in unwrapped) <= 100 and len(unwrapped) == 2 + 3 + 1 and unwrapped[-1] == "short"

@@ -6,32 +6,27 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from _cli import CIRCLE, MODEL, STAR, cli, cli_json, handler_dir
 from _ts_server import free_ports
-from _v2_fake import MODEL, fake_v2_server
-
-from handlerkit.cli import main
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from _v2_fake import MODEL as SERVED  # the fake server's model name
+from _v2_fake import fake_v2_server
 
 
 def test_a_conforming_server_is_exit_code_0_with_its_table(capsys):
     with fake_v2_server() as url:
         code, out, err = cli(capsys, "check", "--protocol", "v2", url)
     assert (code, err) == (0, "")
-    assert " ".join(out.split()).startswith(f"Open Inference Protocol v2: 24 of 24 rules pass; model {MODEL} (found by")
+    assert " ".join(out.split()).startswith(f"Open Inference Protocol v2: 24 of 24 rules pass; model {SERVED} (found by")
     assert "GET /v2/health/live" in out and "FAIL" not in out
 
 
 def test_a_failed_rule_is_exit_code_1_and_json_has_every_row(capsys):
     with fake_v2_server("unknown_ready_200", "no_listing") as url:
-        code, out, _ = cli(capsys, "check", "--protocol", "v2", url, "--model", MODEL, "--json")
+        code, out, _ = cli(capsys, "check", "--protocol", "v2", url, "--model", SERVED, "--json")
     data = json.loads(out)
     assert code == 1 and data["exit_code"] == 1 and data["ok"] is False
-    assert data["model"] == MODEL and data["discovered_by"] is None
+    assert data["model"] == SERVED and data["discovered_by"] is None
     (failure,) = [row for row in data["rows"] if not row["ok"]]
     assert failure["endpoint"] == "GET /v2/models/handlerkit-no-such-model/ready"
     assert (failure["status"], failure["detail"]) == (200, "expected a 4xx status, got 200")
@@ -76,3 +71,25 @@ def test_help_says_the_positional_is_a_url_under_protocol_v2(capsys):
     assert code == 0
     assert "MODEL [FILES ...]" in out and "--protocol {v2}" in out and "--model NAME" in out
     assert "with --protocol v2, a server's URL" in " ".join(out.split())
+
+
+# ------------------------------------------------------------------------- the handler check
+
+
+def test_check_passes_on_the_classifier(capsys):
+    code, out, _ = cli(capsys, "check", MODEL, CIRCLE, "--no-progress")
+    assert code == 0 and "check of ImageClassifier on 1 request(s): ok" in out
+    code, data = cli_json(capsys, "check", MODEL, CIRCLE, STAR)
+    assert code == 0 and data["ok"] is True and data["problems"] == [] and len(data["parity"]) == 2
+
+
+def test_check_failing_is_exit_code_1_with_the_problem_and_fix(tmp_path, capsys):
+    model = handler_dir(tmp_path / "m", "def handle(data, context):\n    return ['one'] if data else []\n")
+    requests = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for r in requests:
+        r.write_text("x")
+    with pytest.warns(Warning):
+        code, data = cli_json(capsys, "check", model, *requests)
+    assert code == 1 and data["ok"] is False
+    assert any("one item per request" in p["message"] or "1 item" in p["message"] for p in data["problems"])
+    assert all(p["fix"] for p in data["problems"] if p["severity"] == "error")

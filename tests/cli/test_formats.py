@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _cli import CIRCLE, MODEL, SQUARE, assert_usage_error, cli, cli_json
 from _new_users import ranker_dir, ranker_request
 
-from cli.test_cli import CIRCLE, MODEL, SQUARE, assert_usage_error, cli, cli_json
 from handlerkit.cli import main
 from handlerkit.errors import HandlerkitWarning
 

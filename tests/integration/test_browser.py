@@ -1,7 +1,7 @@
 """The Stepper in a real browser (over a Harness, and over hk.Sequences): JupyterLab, headless
 Chromium driven by Selenium.
 
-The Python tests (test_widgets.py) prove what the buttons do to the harness; only a browser
+The Python tests (widgets/test_stepper.py) prove what the buttons do to the harness; only a browser
 proves the widget reaches the page: the notebook runs in a real kernel, the preprocess button
 is clicked like a person would, and its pane's text appears in the page.
 

@@ -8,7 +8,7 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
-from _viz import CLASSIFIER, IMAGES, kinds, panels
+from _viz import CLASSIFIER, IMAGES, kinds, panels, pixel, rendered
 
 import handlerkit as hk
 from handlerkit import viz
@@ -16,7 +16,6 @@ from handlerkit.recording.results import StageResult
 from handlerkit.viz.explanations import ATTRIBUTION_CMAP, attributions_panel
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.panel import Context
-from viz.test_maps import pixel, rendered
 
 
 @pytest.fixture(scope="module")

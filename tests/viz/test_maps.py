@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from _new_users import AUDIO_RATE, audio_dir, wav_bytes
-from _viz import kinds, panels
+from _viz import kinds, panels, pixel, rendered
 
 import handlerkit as hk
 from handlerkit import viz
@@ -31,23 +31,6 @@ def sounds(tmp_path_factory):
     bodies = [wav_bytes(f) for f in TONES] + [wav_bytes(None)]
     run = h.run(hk.batch(*(hk.Request.from_bytes(b, "audio/wav") for b in bodies)))
     return run
-
-
-def rendered(fig) -> np.ndarray:
-    """The figure's pixels, RGB in [0, 1], row 0 at the top (as a PNG holds them)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3] / 255.0
-
-
-def pixel(fig, picture: np.ndarray, ax, fx: float, fy: float) -> np.ndarray:
-    """The drawn pixel at the fraction (fx, fy) of `ax` (fy 0: its bottom edge)."""
-    box = ax.get_window_extent()
-    x = int(box.x0 + fx * box.width)
-    y = int(box.y0 + fy * box.height)
-    return picture[picture.shape[0] - 1 - y, x]
 
 
 def test_a_spectrogram_is_a_heat_map_per_request_on_its_own_scale_not_black(sounds):

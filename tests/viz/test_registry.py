@@ -4,11 +4,9 @@ to the chain the same way (dispatch.VALUES, tensors.TENSORS)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import matplotlib.figure
-import numpy as np
 import pytest
 import torch
 from _viz import drawn_images, kinds, panels, texts
@@ -162,28 +160,6 @@ def test_the_module_docstrings_list_every_built_in_picture_in_the_chain_s_order(
     for module, chain in ((dispatch, dispatch.VALUES), (tensors, tensors.TENSORS)):
         places = [module.__doc__.index(f"``{name}``  ") for name in chain.names()]
         assert places == sorted(places)
-
-
-def test_an_html_answer_is_shown_with_the_figure_and_the_figure_is_read_through():
-    with hk.show.register(str, lambda v, c: f"<i>{v}</i>" if v.startswith("note") else None):
-        shown = hk.show({"pixels": torch.rand(1, 3, 8, 8), "text": "note this"})
-    assert isinstance(shown, Shown) and isinstance(shown.figure, matplotlib.figure.Figure)
-    assert shown.axes == shown.figure.axes  # a Figure's attributes read through
-    bundle = shown._repr_mimebundle_()
-    html = bundle["text/html"]
-    assert re.search(r"<img src='data:image/png;base64,[A-Za-z0-9+/=]{100,}'", html)
-    assert html.index("<img") < html.index("<i>note this</i>") and "[&#x27;text&#x27;]" in html
-    assert bundle["text/plain"].startswith("<Shown: a figure and 1 HTML part(s)")
-    assert isinstance(hk.show(np.ones((2, 3, 8, 8))), matplotlib.figure.Figure)  # pictures only: a Figure
-
-
-def test_a_shown_that_cannot_render_warns_and_raises():
-    shown = Shown(None, [Panel("html", "t", {"html": "<p>x</p>"})])
-    assert shown._repr_mimebundle_()["text/html"].endswith("<p>x</p></div></div>")
-    shown.panels[0].data.clear()
-    with pytest.warns(hk.HandlerkitWarning, match=r"handlerkit: the picture could not render itself: KeyError"):
-        with pytest.raises(KeyError):
-            shown._repr_mimebundle_()
 
 
 def test_a_built_in_of_the_value_shape_is_added_before_the_image_bytes():

@@ -11,14 +11,13 @@ import matplotlib.colors
 import numpy as np
 import pytest
 import torch
-from _viz import IMAGES, ROOT, panels
+from _viz import IMAGES, ROOT, panels, pixel, rendered
 
 import handlerkit as hk
 from handlerkit.viz.draw import figure
 from handlerkit.viz.handler_view import HandlerView
 from handlerkit.viz.overlays import ALPHA, colour, pixel_classes_panel, segmentation_panel
 from handlerkit.viz.panel import Context
-from viz.test_maps import pixel, rendered
 
 SEGMENTER = ROOT / "fixtures" / "models" / "image_segmenter"
 

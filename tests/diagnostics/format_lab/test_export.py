@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import MLP_MODEL_PY, load_model_class, write_model_dir
-from diagnostics.format_lab.test_format_lab import BRANCH_MODEL_PY  # the data-dependent branch on line 11
+from _format_lab import BRANCH_MODEL_PY  # the data-dependent branch on line 11
 from handlerkit.diagnostics.format_lab.export import explain_failure, make, quiet
 
 #: Line 10 raises a plain Python error under the exporter only (it traces with fake tensors).

@@ -1,4 +1,5 @@
-"""handlerkit.formats: every model format loads, runs through the default inference, matches eager."""
+"""handlerkit.formats.load: every model format loads, runs through the default inference, matches eager;
+TorchServe's rules for which format a manifest names, and load errors that name the file and the fix."""
 
 from __future__ import annotations
 
@@ -13,15 +14,7 @@ import torch
 import handlerkit as hk
 from conftest import FORMAT_FILES, format_context
 from handlerkit.errors import ModelLoadError
-from handlerkit.formats import (
-    FORMATS,
-    ArtifactShapeError,
-    OnnxModel,
-    detect_format,
-    export_model,
-    load_model,
-    shape_refusal,
-)
+from handlerkit.formats import FORMATS, OnnxModel, detect_format, export_model, load_model
 from handlerkit.handlers.base import BaseHandler
 
 # format -> the loader recorded in the handler's decisions
@@ -104,15 +97,6 @@ def test_export_checks_input_shapes(fast_format_dirs):
     handler.initialize(ctx)
     with pytest.raises(Exception, match=r"size\(\)\[1\] == 4|shape"):
         handler.handle([[1.0, 2.0, 3.0]], ctx)
-
-
-def test_export_model_accepts_a_batch_of_one(tmp_path, mlp_reference):
-    # torch.export specialises a size-1 dimension; export_model must still give a dynamic batch.
-    reference = mlp_reference[0]
-    path = export_model(reference, (torch.randn(1, 4),), tmp_path / "one.pt2", "export")
-    loaded = load_model("export", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=path)
-    x = torch.randn(5, 4)
-    torch.testing.assert_close(loaded.model(x), reference(x))
 
 
 def test_state_dict_without_model_file_is_explained(fast_format_dirs, tmp_path):
@@ -216,14 +200,6 @@ def test_onnx_without_onnxruntime_names_the_pip_command(fast_format_dirs, monkey
     assert isinstance(info.value.__cause__, ImportError)
 
 
-@pytest.mark.parametrize("missing", ["onnx", "onnxscript"])
-def test_onnx_export_without_its_packages_names_the_pip_command(tmp_path, monkeypatch, missing):
-    monkeypatch.setitem(sys.modules, missing, None)
-    with pytest.raises(ImportError, match=rf"^exporting to ONNX needs {missing}: pip install 'handlerkit\[onnx\]'$"):
-        export_model(torch.nn.Linear(4, 3), (torch.zeros(2, 4),), tmp_path / "m.onnx", "onnx")
-    assert not (tmp_path / "m.onnx").exists()
-
-
 def test_eager_load_errors_carry_their_fix(tmp_path):
     (tmp_path / "model.py").write_text("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self, width):\n        super().__init__()\n")
     with pytest.raises(ModelLoadError, match=r"Net\(\) \(from .*model\.py\) failed: TypeError.*TorchServe builds the model class with no arguments\n  fix: ") as info:
@@ -304,63 +280,3 @@ def test_keys_a_module_accepts_without_keeping_them_are_no_misfit(tmp_path):
     torch.save({**state, "head.weight": torch.zeros(1)}, tmp_path / "model.pt")  # a key nothing takes is still one
     with pytest.raises(ModelLoadError, match=r"does not fit Net: unexpected keys \[head\.weight\] \(1\)\n  fix: "):
         load_model("eager", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=str(tmp_path / "model.pt"), model_file="model.py")
-
-
-def test_export_model_scripts_when_asked(tmp_path, mlp_reference):
-    reference = mlp_reference[0]
-    path = export_model(reference, (torch.randn(2, 4),), tmp_path / "scripted.pt", "torchscript", torchscript="script")
-    loaded = load_model("torchscript", device=torch.device("cpu"), model_dir=str(tmp_path), model_pt_path=path)
-    assert "def forward" in loaded.model.code  # scripted: the source, not a recorded trace
-    x = torch.randn(5, 4)
-    torch.testing.assert_close(loaded.model(x), reference(x))
-    with pytest.raises(ValueError, match=r"torchscript must be 'trace' or 'script': got 'jit'"):
-        export_model(reference, (x,), tmp_path / "x.pt", "torchscript", torchscript="jit")
-
-
-# ---------------------------------------------------------------------------------------------
-# shape_refusal: each runtime's refusal of an input size, named and with the re-export
-# ---------------------------------------------------------------------------------------------
-
-NAMES = ["user_ids", "item_ids", "mask"]
-
-
-@pytest.mark.parametrize(
-    ("fmt", "text", "names", "refused"),
-    [
-        ("aoti", "input_handles[1]: unmatched dim value at 1, expected: 7, but got: 2\n", NAMES, ("item_ids", 1, "= 7", 2)),
-        ("aoti-so", "input_handles[1]: unmatched dim value at 1, expected: 7, but got: 2", None, ("input 1", 1, "= 7", 2)),
-        ("aoti", "input_handles[0]: dim value is too large at 0, expected to be <= 1024, but got: 1025", NAMES,
-         ("user_ids", 0, "<= 1024", 1025)),
-        ("export", "Guard failed: 2 <= item_ids.size()[1]", NAMES, ("item_ids", 1, ">= 2", None)),
-        ("onnx", "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: mask for the "
-         "following indices\n index: 1 Got: 3 Expected: 7\n Please fix either the inputs/outputs or the model.",
-         NAMES, ("mask", 1, "= 7", 3)),
-    ],
-)  # fmt: skip
-def test_shape_refusal_reads_each_runtimes_message(fmt, text, names, refused):
-    error = shape_refusal(RuntimeError(text), f"/models/recs/model.{fmt}", fmt, names)
-    assert isinstance(error, ArtifactShapeError) and isinstance(error, RuntimeError)
-    assert error.refused == [refused] and (error.input, error.dim, error.expected, error.got) == refused
-    assert error.message.startswith(f"model.{fmt} was exported for {refused[0]} dim {refused[1]} {refused[2]}")
-    assert error.message.endswith(f"({text.strip().splitlines()[0]})")
-    lab = "aoti" if fmt == "aoti-so" else fmt
-    command = f"handlerkit formats /models/recs FILES --formats {lab} --save {lab} --replace"
-    if refused[1] == 0:
-        assert error.fix.startswith(f"re-export it with a dynamic batch: {command} (in a notebook")
-    else:
-        name = refused[0].split()[-1]
-        assert f"{command} --dynamic {name}:1 (in a notebook" in error.fix
-
-
-def test_shape_refusal_names_every_fixed_dimension_the_call_misses():
-    inputs = (torch.zeros(1), torch.zeros(1, 2), torch.zeros(1, 2))
-    error = shape_refusal(
-        RuntimeError("Guard failed: mask.size()[1] == 7"), "model.pt2", "export", NAMES, inputs, [{}, {1: 7}, {1: 7}]
-    )
-    assert error is not None and error.refused == [("item_ids", 1, "= 7", 2), ("mask", 1, "= 7", 2)]
-    assert (
-        error.message
-        == "model.pt2 was exported for item_ids dim 1 = 7 and mask dim 1 = 7; this call gives 2 and 2 (Guard failed: mask.size()[1] == 7)"
-    )
-    assert "dynamic_shapes={'item_ids': [1], 'mask': [1]}" in error.fix
-    assert shape_refusal(RuntimeError("index out of range in self"), "model.pt2", "export", NAMES) is None

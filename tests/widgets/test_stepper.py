@@ -23,7 +23,7 @@ import handlerkit as hk
 from handlerkit._render import Rendered, Table
 from handlerkit.handlers.image_classifier import ImageClassifier
 from handlerkit.widgets import Stepper
-from handlerkit.widgets.panes import output_text, timing_html
+from handlerkit.widgets.panes import output_text
 
 pytest.importorskip("ipywidgets")
 
@@ -158,7 +158,7 @@ def test_a_bug_in_the_handler_fixed_then_clicked_again():
     stepper.buttons["preprocess"].click()
     text = pane(stepper, "preprocess")
     assert "ValueError: crop size must be positive" in text
-    assert "fix: ValueError was raised at test_widgets.py line" in text  # the handler's own line
+    assert "fix: ValueError was raised at test_stepper.py line" in text  # the handler's own line
     assert not enabled(stepper)["inference"]
 
     h.handler.broken = False
@@ -335,41 +335,10 @@ def test_importing_the_widgets_module_imports_no_widget_library():
     assert out.stdout.strip() == "[]"
 
 
-def test_timing_bars_scale_to_the_slowest_stage():
-    markup = timing_html({"preprocess": (10.0, True), "inference": (40.0, False)})
-    assert "width:55px" in markup and "width:220px" in markup
-    assert ">40.0</td>" in markup and ">failed</td>" in markup and "wall time (ms)" in markup
-    assert "no stage has run yet" in timing_html({})
-
-
 def test_text_names_the_panes_it_has():
     stepper = Stepper(harness(), hk.batch(image("circle.png")), pictures=False)
     with pytest.raises(ValueError, match="no 'explain' pane; the stages are initialize, preprocess"):
         stepper.text("explain")
-
-
-def test_a_picture_that_cannot_be_drawn_leaves_a_note_with_the_reason(monkeypatch):
-    """panes.picture_output (both steppers' picture panes): the drawing, or a grey note naming
-    why there is none; the failure never escapes into the pane's other outputs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import torch
-
-    from handlerkit import viz
-    from handlerkit.errors import HandlerkitError
-    from handlerkit.widgets.panes import picture_output
-
-    drawn = picture_output(torch.rand(3, 8, 8))
-    assert drawn["output_type"] == "display_data" and "image/png" in drawn["data"]
-
-    def refuse(obj):
-        raise HandlerkitError("nothing to draw in a <set>", fix="pass a tensor")
-
-    monkeypatch.setattr(viz, "show", refuse)
-    note = picture_output({1, 2})
-    assert output_text([note]) == "no picture: nothing to draw in a <set>"
-    assert "no picture: nothing to draw in a &lt;set&gt;" in note["data"]["text/html"]
 
 
 def test_a_click_shows_its_stage_tab_and_the_tabs_hold_the_rest():
