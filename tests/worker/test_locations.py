@@ -1,4 +1,4 @@
-"""Where in the user's code an exception was raised (:mod:`handlerkit.recording.locations`): one
+"""Where in the user's code an exception was raised (:mod:`handlerkit.worker.locations`): one
 line per user file it passed through, named as a path or as IPython names a notebook cell."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from handlerkit.recording.locations import (
+from handlerkit.worker.locations import (
     cell_name,
     defined_in_cell,
     named,
