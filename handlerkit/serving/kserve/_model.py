@@ -6,7 +6,8 @@ bytes and headers, :func:`handlerkit.serving._http.to_request`), run as a batch 
 the handler's entry point wrapped in the protocol's envelope (``kserve`` for v1, ``kservev2``
 for v2), and answered from what the worker would send back (:func:`~handlerkit.serving._http.replies`).
 A v2 request is checked against the spec first, and a v2 error answered the spec's way
-(:mod:`handlerkit.serving.kserve._v2`).
+(:mod:`handlerkit.serving.v2`); the v2 metadata declares the inputs and outputs the model's
+config or handler declares (:func:`~handlerkit.serving.v2.declared_tensors`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from handlerkit.recording.failures import handler_files
 from handlerkit.service import Service, WorkingDir
 from handlerkit.serving._failures import batch_failure, logger
 from handlerkit.serving._http import Reply, replies, to_request, worker_error, worker_failure
-from handlerkit.serving.kserve._v2 import error_reply, input_problems, invalid_request, request_validation_response
+from handlerkit.serving.kserve._v2 import request_validation_response
+from handlerkit.serving.v2 import as_v2_error, declared_tensors, input_problems, invalid_request
 
 __all__ = ["HandlerModel", "HandlerReply"]
 
@@ -65,6 +67,7 @@ class HandlerModel(kserve.Model):
         self.service: Service | None = None
         self._entries: dict[str, Any] = {}
         self._files: frozenset[str] | None = None  # the handler's source files, read at the first failure
+        self._declared: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}  # v2 metadata
         # One thread: one handle() at a time, as one TorchServe worker; the event loop stays free.
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="handlerkit-kserve")
 
@@ -83,6 +86,7 @@ class HandlerModel(kserve.Model):
             service.close()
             raise
         self.service = service
+        self._declared = declared_tensors(service.context.model_yaml_config, service.function or service.handler)
         # Both protocols share the one initialized handler: each wraps the entry point in its envelope.
         self._entries = {protocol: wrap(service.entry, envelope) for protocol, envelope in ENVELOPES.items()}
         for entry in self._entries.values():
@@ -102,6 +106,15 @@ class HandlerModel(kserve.Model):
                 archive.cleanup()
         self._pool.shutdown(wait=False)
 
+    # -- v2 metadata (GET /v2/models/<name>) ----------------------------------------------------
+    def get_input_types(self) -> list[dict[str, Any]]:
+        """The inputs the model declares (model-config.yaml's ``v2:``, else the handler's ``v2_metadata``)."""
+        return self._declared["inputs"]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        """The outputs the model declares (model-config.yaml's ``v2:``, else the handler's ``v2_metadata``)."""
+        return self._declared["outputs"]
+
     # -- inference ----------------------------------------------------------------------------
     async def predict(
         self, payload: Any, headers: dict[str, str] | None = None, response_headers: dict[str, str] | None = None
@@ -119,7 +132,7 @@ class HandlerModel(kserve.Model):
         (v1: TorchServe's body; v2: the spec's ``{"error": <TorchServe's message>}``)."""
         protocol, reply = result
         if reply.status != 200:
-            raise HandlerReply(error_reply(reply) if protocol == "v2" else reply)
+            raise HandlerReply(as_v2_error(reply) if protocol == "v2" else reply)
         if protocol == "v2":
             return json.loads(reply.body)
         if response_headers is not None:
