@@ -128,11 +128,15 @@ def tensor_problems(tensor: Any, where: str, *, declared: bool = False, elements
     return problems
 
 
-def input_problems(inputs: Any, declared: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+def input_problems(inputs: Any, declared: Sequence[Mapping[str, Any]] = (), *, other_names: bool = False) -> list[str]:
     """What a request's ``inputs`` break (empty when none); each problem names its input.
 
-    ``declared``: the model's metadata inputs; when there are any, each input must be one of
-    them, with its datatype, and fill its shape where the shape is not ``-1``.
+    Args:
+        inputs: the request's ``inputs``.
+        declared: the model's metadata inputs; an input of a declared name must have its
+            datatype and fit its shape (a ``-1`` dimension takes any size).
+        other_names: whether an input the metadata does not name passes (checked by the rule
+            alone), as TorchServe's built-in handlers read any input name; else it is refused.
     """
     if not isinstance(inputs, list) or not inputs:
         return [f"expected a non-empty list of input tensors under 'inputs': got {inputs!r:.60}"]
@@ -142,7 +146,7 @@ def input_problems(inputs: Any, declared: Sequence[Mapping[str, Any]] = ()) -> l
         name = tensor.get("name") if isinstance(tensor, Mapping) else None
         where = f"input {name!r}" if isinstance(name, str) else f"inputs[{k}]"
         found = tensor_problems(tensor, where)
-        if known and isinstance(name, str):
+        if known and isinstance(name, str) and not (other_names and name not in known):
             found += _declared_problems(tensor, where, known)
         problems += found
     return problems

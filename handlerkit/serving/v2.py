@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from handlerkit.errors import HandlerkitError
 from handlerkit.serving._http import Reply
 from handlerkit.v2_tensors import (
     DATATYPES,
@@ -47,15 +48,35 @@ __all__ = [
 
 _MESSAGE_CHARS = 2000  # of a body that holds no message of its own
 
-def declared_tensors(config: Mapping[str, Any] | None, handler: Any) -> dict[str, list[dict[str, Any]]]:
+def declared_tensors(config: Mapping[str, Any] | None, handler: Any) -> dict[str, Any]:
     """The inputs and outputs a model declares: model-config.yaml's ``v2:`` section (checked when
-    the config is read), else the handler's ``v2_metadata`` attribute, else none."""
+    the config is read, :mod:`handlerkit.config`), else the handler's ``v2_metadata``, else none;
+    and ``other_names``, whether a request's inputs of other names pass (the handler's
+    declaration: a built-in reads any input name, and pixels as well as an encoded image, as in
+    TorchServe; the config's is the model's whole contract).
+
+    Raises:
+        HandlerkitError: the handler's ``v2_metadata`` is no ``{"inputs": [...], "outputs": [...]}``
+            of ``{name, datatype, shape}`` tensors.
+    """
     section = (config or {}).get("v2")
-    if not isinstance(section, Mapping):
+    if section is None:
         section = getattr(handler, "v2_metadata", None)
-    if not isinstance(section, Mapping):
-        return {"inputs": [], "outputs": []}
-    return {key: [dict(t) for t in section.get(key) or []] for key in ("inputs", "outputs")}
+        if section is None:
+            return {"inputs": [], "outputs": [], "other_names": False}
+        owner = f"{type(handler).__name__}.v2_metadata"
+        if isinstance(section, Mapping):
+            problems = [p for key in ("inputs", "outputs") for p in metadata_problems(section.get(key, []), key)]
+        else:
+            problems = [f"it is {type(section).__name__}, not a mapping"]
+        if problems:
+            raise HandlerkitError(
+                f"{owner} declares no v2 metadata: {'; '.join(problems)}",
+                fix='declare {"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}], "outputs": [...]} '
+                "(or a v2: section in model-config.yaml)",
+            )
+    tensors = {key: [dict(t) for t in section.get(key) or []] for key in ("inputs", "outputs")}
+    return {**tensors, "other_names": "v2" not in (config or {})}
 
 
 def _reply(message: str, status: int) -> Reply:

@@ -10,7 +10,8 @@ requests over HTTP (the standard library's ``http.client``; nothing else is need
   ``inputs`` and ``outputs`` (each tensor with ``name``, a v2 ``datatype`` and a ``shape``;
   ``versions`` is optional), ``GET /v2/models/<name>/ready`` answers 200;
 - inference: a request built from the metadata (every input with its name, shape and datatype,
-  ``-1`` dimensions filled with 1), sent with flat data and again with nested data (the spec
+  ``-1`` dimensions filled with 1; a ``BYTES`` element is a small PNG, base64, which an image
+  model decodes and a text model reads as text), sent with flat data and again with nested data (the spec
   allows both); the answer names the model, echoes the request's ``id`` and has ``outputs``
   whose ``data`` holds as many values as their ``shape`` says;
 - bad requests: a wrong shape, a wrong datatype, an unknown model, malformed JSON and a body
@@ -38,6 +39,13 @@ from handlerkit.serving.v2 import DATATYPES, flat, metadata_problems, nest, tens
 __all__ = ["DATATYPES", "Answer", "RuleResult", "V2Report", "check"]
 
 _EXCERPT = 120  # characters of a body shown in a row
+# A BYTES element of the well-formed request: a 16x16 PNG (a red disc), base64. BYTES inputs
+# mostly take an encoded file or text: a model of images decodes it, a model of text reads it as
+# text, so a check needs no --inputs for either.
+_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAABAAAAAQCAIAAACQkWg2AAAAS0lEQVR42mP8//8/AymAiYFEQLIGFkyhk/LycLb5w4cEbEBWjclF14Ap"
+    "jSnIhF81phTtQ4kCDZghiFWKCZcELkEm/NKYRjAOvsQHAMWCGxvrm+jlAAAAAElFTkSuQmCC"
+)
 _REQUEST_ID = "handlerkit-v2-check"
 _NO_SUCH_MODEL = "handlerkit-no-such-model"
 _ERROR_BODY = 'body is JSON {"error": <string>}'
@@ -182,7 +190,7 @@ def _value(datatype: str, i: int) -> Any:
     if datatype == "BOOL":
         return i % 2 == 0
     if datatype == "BYTES":
-        return f"v2 check {i}"
+        return _PNG
     if datatype.startswith("FP"):
         return 0.5 * (i % 4)
     return i % 4 + 1

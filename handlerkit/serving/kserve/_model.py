@@ -67,7 +67,7 @@ class HandlerModel(kserve.Model):
         self.service: Service | None = None
         self._entries: dict[str, Any] = {}
         self._files: frozenset[str] | None = None  # the handler's source files, read at the first failure
-        self._declared: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}  # v2 metadata
+        self._declared: dict[str, Any] = {"inputs": [], "outputs": [], "other_names": False}  # v2 metadata
         # One thread: one handle() at a time, as one TorchServe worker; the event loop stays free.
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="handlerkit-kserve")
 
@@ -142,7 +142,8 @@ class HandlerModel(kserve.Model):
     async def _run(self, payload: Any, headers: dict[str, str], *, explain: bool) -> tuple[str, Reply]:
         if isinstance(payload, InferRequest):
             protocol, rest = "v2", _v2_body(payload)
-            problems = input_problems(rest.get("inputs"), self.get_input_types())
+            other_names = self._declared["other_names"]
+            problems = input_problems(rest.get("inputs"), self.get_input_types(), other_names=other_names)
             if problems:  # answered alone, before the handler sees it
                 return protocol, invalid_request(problems)
             body = json.dumps(rest).encode("utf-8")
