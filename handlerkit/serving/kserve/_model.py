@@ -142,8 +142,9 @@ class HandlerModel(kserve.Model):
     async def _run(self, payload: Any, headers: dict[str, str], *, explain: bool) -> tuple[str, Reply]:
         if isinstance(payload, InferRequest):
             protocol, rest = "v2", _v2_body(payload)
-            other_names = self._declared["other_names"]
-            problems = input_problems(rest.get("inputs"), self.get_input_types(), other_names=other_names)
+            declared = self.get_input_types()  # a subclass's own declaration binds every name
+            other_names = self._declared["other_names"] and declared is self._declared["inputs"]
+            problems = input_problems(rest.get("inputs"), declared, other_names=other_names)
             if problems:  # answered alone, before the handler sees it
                 return protocol, invalid_request(problems)
             body = json.dumps(rest).encode("utf-8")
