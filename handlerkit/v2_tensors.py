@@ -106,7 +106,9 @@ def tensor_problems(tensor: Any, where: str, *, declared: bool = False, elements
     """
     if not isinstance(tensor, Mapping):
         return [f"{where} is {type(tensor).__name__}, not an object"]
-    problems = [] if isinstance(tensor.get("name"), str) else [f"{where} has no string name: got {tensor.get('name')!r}"]
+    problems = (
+        [] if isinstance(tensor.get("name"), str) else [f"{where} has no string name: got {tensor.get('name')!r}"]
+    )
     datatype, shape = tensor.get("datatype"), tensor.get("shape")
     if datatype not in DATATYPES:
         problems.append(f"{where} datatype {datatype!r} is none of {', '.join(DATATYPES)}")
@@ -117,10 +119,10 @@ def tensor_problems(tensor: Any, where: str, *, declared: bool = False, elements
         return problems
     if "data" not in tensor:
         problems.append(f"{where} has no data")
-    elif not problems:
-        values = flat(tensor["data"])
-        if math.prod(shape) != len(values):
-            problems.append(f"{where} shape {shape} holds {math.prod(shape)} elements, its data {len(values)}")
+    elif not problems:  # the shape is a list of integers
+        values, size = flat(tensor["data"]), math.prod(tensor["shape"])
+        if size != len(values):
+            problems.append(f"{where} shape {shape} holds {size} elements, its data {len(values)}")
         words, fits = element_kind(str(datatype))
         wrong = [v for v in values if not fits(v)] if elements else []
         if wrong:

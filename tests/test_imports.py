@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "handlerkit._wire": 2,
     "handlerkit.streaming": 2,
     "handlerkit.envelopes": 2,
+    "handlerkit.v2_tensors": 2,  # the Open Inference Protocol v2 tensor rule (envelopes, config, serving, the check)
     "handlerkit.modeldir": 2,
     "handlerkit.config": 2,
     "handlerkit.pt2": 2,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_model_config_declares_over_the_handler_and_binds_every_name():
 
 def test_a_handlers_bad_declaration_names_the_attribute_and_the_fix():
     class Typo:
-        v2_metadata = {"inputs": [{"name": "x", "datatype": "FLOAT32", "shape": [3]}], "outputs": "x"}
+        v2_metadata: ClassVar[dict[str, Any]] = {"inputs": [{"name": "x", "datatype": "FLOAT32", "shape": [3]}], "outputs": "x"}
 
     with pytest.raises(HandlerkitError, match=r"^Typo.v2_metadata declares no v2 metadata: inputs\[0\] datatype "
                        r"'FLOAT32' is none of BOOL, .*; outputs is str, not a list of tensors") as info:  # fmt: skip

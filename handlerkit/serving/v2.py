@@ -48,6 +48,7 @@ __all__ = [
 
 _MESSAGE_CHARS = 2000  # of a body that holds no message of its own
 
+
 def declared_tensors(config: Mapping[str, Any] | None, handler: Any) -> dict[str, Any]:
     """The inputs and outputs a model declares: model-config.yaml's ``v2:`` section (checked when
     the config is read, :mod:`handlerkit.config`), else the handler's ``v2_metadata``, else none;
