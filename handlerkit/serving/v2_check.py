@@ -358,7 +358,12 @@ def check(
         well_formed = _inputs(inputs_metadata) if inputs_metadata else []
     if not well_formed:
         missing = Answer(None, failure="not sent")
-        rules.rule(infer, "a request built from the metadata's inputs", missing, "the metadata lists no usable inputs")
+        rules.rule(
+            infer,
+            "a request built from the metadata's inputs",
+            missing,
+            "the metadata lists no usable inputs: send your own (--inputs FILE; inputs= in Python)",
+        )
     types = ", ".join(sorted({t["datatype"] for t in well_formed}))
     for form, nested in (("flat data", False), ("nested data", True)):
         if not well_formed:
