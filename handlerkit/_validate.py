@@ -64,7 +64,7 @@ class Findings:
         kind = kind.rstrip("?")
         if kind not in _EXPECTED:  # pragma: no cover - a programming error in a parser's tables
             raise ValueError(f"unknown kind {kind!r}")
-        if kind == "int" and _is_int(value):
+        if kind == "int" and is_int(value):
             if INT32[0] <= value <= INT32[1]:
                 return True
             self.problem(path, f"{path} must be an integer that fits in 32 bits, got {value}")
@@ -106,7 +106,8 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer, not a bool (YAML's and JSON's integers; ``True`` is an ``int`` in Python)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

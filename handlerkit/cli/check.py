@@ -54,7 +54,8 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         "--inputs",
         metavar="JSON",
         help="a file holding the well-formed request's v2 inputs (a list, or a request with 'inputs'), for a "
-        "model that needs real data such as an encoded image (default: built from the model's metadata)",
+        "model that needs other data (default: built from the model's metadata, a BYTES element being a small "
+        "PNG, base64)",
     )
     protocol.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer (default: 10)")
 

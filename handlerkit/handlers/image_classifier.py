@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,13 @@ class ImageClassifier(VisionHandler):
     topk = 5
     check_label_map_width = True
     image_processing = ResizeCropNormalize(resize=256, crop=(224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    #: The v2 metadata (``GET /v2/models/<name>`` on ``handlerkit serve --engine kserve``): an encoded
+    #: image, base64, in; its ``{label: probability}`` out, one element named after the input
+    #: (TorchServe's ``kservev2`` envelope names output ``i`` after input ``i``).
+    v2_metadata: ClassVar[dict[str, list[dict[str, Any]]]] = {
+        "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "input-0", "datatype": "BYTES", "shape": [1]}],
+    }
 
     def initialize(self, context: Any) -> None:
         super().initialize(context)  # validates handler.topk with the rest of the config

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -31,6 +31,12 @@ class ImageSegmenter(VisionHandler):
     """
 
     image_processing = ResizeCropNormalize(resize=256, crop=(224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    #: The v2 metadata: an encoded image, base64, in; its ``[class, probability]`` pairs out, flat
+    #: (``H * W * 2`` floats), named after the input as TorchServe's ``kservev2`` envelope names it.
+    v2_metadata: ClassVar[dict[str, list[dict[str, Any]]]] = {
+        "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "input-0", "datatype": "FP64", "shape": [-1]}],
+    }
 
     @timed
     def postprocess(self, data: Any) -> list[Any]:

@@ -4,7 +4,7 @@ bad request at a time."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -46,6 +46,12 @@ class ObjectDetector(VisionHandler):
 
     threshold = 0.5
     image_processing = staticmethod(_to_tensor)
+    #: The v2 metadata: an encoded image, base64, in; one ``{label: box, "score": s}`` per detection
+    #: out, named after the input as TorchServe's ``kservev2`` envelope names it.
+    v2_metadata: ClassVar[dict[str, list[dict[str, Any]]]] = {
+        "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+    }
 
     def _initialize(self, context: Any, decisions: HandlerDecisions) -> None:
         super()._initialize(context, decisions)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,12 @@ class TextClassifier(TextHandler):
 
     check_label_map_width = True
     topk: int | None = None  # every class, as TorchServe
+    #: The v2 metadata: the text in; its ``{label: probability}`` out, one element named after the
+    #: input (TorchServe's ``kservev2`` envelope names output ``i`` after input ``i``).
+    v2_metadata: ClassVar[dict[str, list[dict[str, Any]]]] = {
+        "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "input-0", "datatype": "BYTES", "shape": [1]}],
+    }
 
     def _initialize(self, context: Any, decisions: HandlerDecisions) -> None:
         super()._initialize(context, decisions)

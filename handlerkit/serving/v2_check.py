@@ -10,7 +10,8 @@ requests over HTTP (the standard library's ``http.client``; nothing else is need
   ``inputs`` and ``outputs`` (each tensor with ``name``, a v2 ``datatype`` and a ``shape``;
   ``versions`` is optional), ``GET /v2/models/<name>/ready`` answers 200;
 - inference: a request built from the metadata (every input with its name, shape and datatype,
-  ``-1`` dimensions filled with 1), sent with flat data and again with nested data (the spec
+  ``-1`` dimensions filled with 1; a ``BYTES`` element is a small PNG, base64, which an image
+  model decodes and a text model reads as text), sent with flat data and again with nested data (the spec
   allows both); the answer names the model, echoes the request's ``id`` and has ``outputs``
   whose ``data`` holds as many values as their ``shape`` says;
 - bad requests: a wrong shape, a wrong datatype, an unknown model, malformed JSON and a body
@@ -33,15 +34,18 @@ from typing import Any
 
 from handlerkit._render import Rendered, Table
 from handlerkit.errors import HandlerkitError
+from handlerkit.serving.v2 import DATATYPES, flat, metadata_problems, nest, tensor_problems
 
 __all__ = ["DATATYPES", "Answer", "RuleResult", "V2Report", "check"]
 
-#: The tensor datatypes of the spec's "Tensor Data Types" table.
-DATATYPES = (
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BYTES",
-)  # fmt: skip
 _EXCERPT = 120  # characters of a body shown in a row
+# A BYTES element of the well-formed request: a 16x16 PNG (a red disc), base64. BYTES inputs
+# mostly take an encoded file or text: a model of images decodes it, a model of text reads it as
+# text, so a check needs no --inputs for either.
+_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAABAAAAAQCAIAAACQkWg2AAAAS0lEQVR42mP8//8/AymAiYFEQLIGFkyhk/LycLb5w4cEbEBWjclF14Ap"
+    "jSnIhF81phTtQ4kCDZghiFWKCZcELkEm/NKYRjAOvsQHAMWCGxvrm+jlAAAAAElFTkSuQmCC"
+)
 _REQUEST_ID = "handlerkit-v2-check"
 _NO_SUCH_MODEL = "handlerkit-no-such-model"
 _ERROR_BODY = 'body is JSON {"error": <string>}'
@@ -172,41 +176,13 @@ def _json_body(value: Any) -> bytes:
 
 
 # ------------------------------------------------------------------------------ the rules
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _tensor_problems(tensor: Any, where: str, *, concrete: bool) -> list[str]:
-    """What a tensor's ``name``/``datatype``/``shape`` break; ``concrete``: no -1 dimensions."""
-    if not isinstance(tensor, dict):
-        return [f"{where} is {type(tensor).__name__}, not an object"]
-    problems = []
-    if not isinstance(tensor.get("name"), str):
-        problems.append(f"{where} has no string name")
-    if tensor.get("datatype") not in DATATYPES:
-        problems.append(f"{where} datatype {tensor.get('datatype')!r} is none of {', '.join(DATATYPES)}")
-    shape, least = tensor.get("shape"), 0 if concrete else -1
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= least for d in shape):
-        problems.append(f"{where} shape {shape!r} is not a list of integers >= {least}")
-    return problems
-
-
-def _flat(data: Any) -> list[Any]:
-    """Tensor data in its natural nested form or flat, as one flat list."""
-    if isinstance(data, list):
-        return [v for item in data for v in _flat(item)]
-    return [data]
-
-
 def _output_problems(output: Any, index: int) -> list[str]:
+    """An output's tensor rule, its data counted but not typed: TorchServe's ``kservev2``
+    envelope answers a handler's dicts (a classifier's ``{label: probability}``) as ``BYTES``."""
     where = f"outputs[{index}]"
-    problems = _tensor_problems(output, where, concrete=True)
-    if problems:
-        return problems
-    if not isinstance(output.get("data"), list):
+    if isinstance(output, dict) and not isinstance(output.get("data"), list):
         return [f"{where} has no data list"]
-    size, count = math.prod(output["shape"]), len(_flat(output["data"]))
-    return [] if size == count else [f"{where} shape {output['shape']} holds {size} values, its data {count}"]
+    return tensor_problems(output, where, elements=False)
 
 
 def _value(datatype: str, i: int) -> Any:
@@ -214,17 +190,10 @@ def _value(datatype: str, i: int) -> Any:
     if datatype == "BOOL":
         return i % 2 == 0
     if datatype == "BYTES":
-        return f"v2 check {i}"
+        return _PNG
     if datatype.startswith("FP"):
         return 0.5 * (i % 4)
     return i % 4 + 1
-
-
-def _nested(values: list[Any], shape: list[int]) -> Any:
-    if len(shape) <= 1:
-        return values
-    step = len(values) // shape[0] if shape[0] else 0
-    return [_nested(values[k * step : (k + 1) * step], shape[1:]) for k in range(shape[0])]
 
 
 def _inputs(metadata: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -314,8 +283,7 @@ def _model_metadata(model: str) -> Callable[[dict[str, Any]], list[str]]:
             if not isinstance(tensors, list):
                 found.append(f"no {key} list")
                 continue
-            for i, tensor in enumerate(tensors):
-                found += _tensor_problems(tensor, f"{key}[{i}]", concrete=False)
+            found += metadata_problems(tensors, key)
         return found
 
     return problems
@@ -379,23 +347,28 @@ def check(
         rules.json_object(f"GET {path}", "name, platform, inputs and outputs", metadata_answer, _model_metadata(model))
         body = metadata_answer.json()
         tensors = body.get("inputs") if isinstance(body, dict) else None
-        if isinstance(tensors, list) and tensors and not any(_tensor_problems(t, "", concrete=False) for t in tensors):
+        if isinstance(tensors, list) and tensors and not metadata_problems(tensors, "inputs"):
             inputs_metadata = tensors
     rules.status(f"GET {path}/ready", ask("GET", f"{path}/ready"))
 
     infer = f"POST {path}/infer"
     if inputs is not None:
-        well_formed = [{**t, "data": _flat(t["data"])} for t in inputs]
+        well_formed = [{**t, "data": flat(t["data"])} for t in inputs]
     else:
         well_formed = _inputs(inputs_metadata) if inputs_metadata else []
     if not well_formed:
         missing = Answer(None, failure="not sent")
-        rules.rule(infer, "a request built from the metadata's inputs", missing, "the metadata lists no usable inputs")
+        rules.rule(
+            infer,
+            "a request built from the metadata's inputs",
+            missing,
+            "the metadata lists no usable inputs: send your own (--inputs FILE; inputs= in Python)",
+        )
     types = ", ".join(sorted({t["datatype"] for t in well_formed}))
     for form, nested in (("flat data", False), ("nested data", True)):
         if not well_formed:
             break
-        sent = [{**t, "data": _nested(t["data"], t["shape"])} for t in well_formed] if nested else well_formed
+        sent = [{**t, "data": nest(t["data"], t["shape"])} for t in well_formed] if nested else well_formed
         answer = ask("POST", f"{path}/infer", _json_body({"id": _REQUEST_ID, "inputs": sent}))
         endpoint = f"{infer} ({types}, {form})"
         if rules.status(endpoint, answer):
@@ -419,13 +392,11 @@ def check(
 
 
 def _check_inputs(inputs: Any) -> None:
-    """``inputs`` are v2 request inputs whose data fills their shape."""
-    problems = [] if isinstance(inputs, list) and inputs else ["expected a non-empty list"]
-    for i, tensor in enumerate(inputs if not problems else []):
-        found = _tensor_problems(tensor, f"inputs[{i}]", concrete=True)
-        if not found and math.prod(tensor["shape"]) != len(_flat(tensor.get("data", []))):
-            found.append(f"inputs[{i}] shape {tensor['shape']} needs {math.prod(tensor['shape'])} values in data")
-        problems += found
+    """``inputs`` are v2 request inputs: each a tensor of the rule, its data filling its shape."""
+    if isinstance(inputs, list) and inputs:
+        problems = [p for i, tensor in enumerate(inputs) for p in tensor_problems(tensor, f"inputs[{i}]")]
+    else:
+        problems = [f"expected a non-empty list: got {inputs!r:.60}"]
     if problems:
         raise HandlerkitError(
             f"expected v2 request inputs ({{name, shape, datatype, data}} each): {'; '.join(problems)}",

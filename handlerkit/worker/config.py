@@ -42,6 +42,7 @@ from handlerkit._text import did_you_mean, suggestion
 from handlerkit._validate import Findings, describe, read_yaml
 from handlerkit.errors import ConfigError, HandlerkitWarning
 from handlerkit.worker.pt2 import TORCHSERVE_PT2_BACKENDS, Pt2Config, _parse_pt2
+from handlerkit.worker.v2_tensors import metadata_problems
 
 __all__ = [
     "SERVER_KEYS",
@@ -109,7 +110,7 @@ _TORCHRUN_KEYS: dict[str, tuple[str, int | None, str]] = {
 }
 
 # Top-level names a typo is compared against (free sections other than these are fine).
-_KNOWN_TOP = (*_SERVER_KEYS, "handler", "pt2")
+_KNOWN_TOP = (*_SERVER_KEYS, "handler", "pt2", "v2")
 
 # The handler: keys handlerkit reads, with their defaults (HandlerSettings' typed fields).
 _HANDLER_DEFAULTS: dict[str, Any] = {"profile": False, "tf32": "auto", "topk": None, "dynamic_shapes": None}
@@ -331,6 +332,9 @@ def _parse(data: Any, source: str) -> ModelConfig:
                 values[spec.attr] = _server_value(spec, value, found)
         elif key == "handler":
             handler = _parse_handler(value, found)
+        elif key == "v2":  # kept as a section; checked here so a bad one fails when the config is read
+            _check_v2(value, found)
+            sections[key] = copy.deepcopy(value)
         elif key != "pt2":  # pt2 is analysed below
             sections[key] = copy.deepcopy(value)
             near = did_you_mean(key, _KNOWN_TOP, cutoff=0.8)
@@ -351,6 +355,22 @@ def _parse(data: Any, source: str) -> ModelConfig:
         warnings=tuple(found.notes),
         **values,
     )
+
+
+_V2_EXAMPLE = "v2: {inputs: [{name: input-0, datatype: BYTES, shape: [-1]}], outputs: [...]}"
+
+
+def _check_v2(value: Any, found: Findings) -> None:
+    """``v2:``, the model's Open Inference Protocol v2 metadata (what ``GET /v2/models/<name>``
+    declares on a KServe server): ``inputs`` and ``outputs``, lists of ``{name, datatype, shape}``."""
+    if not isinstance(value, Mapping):
+        found.problem("v2", f"v2 must be a mapping of inputs and outputs, got {describe(value)}", fix=_V2_EXAMPLE)
+        return
+    unknown = [str(key) for key in value if key not in ("inputs", "outputs")]
+    problems = [f"unknown key v2.{key}: v2 holds inputs and outputs" for key in unknown]
+    problems += [p for key in ("inputs", "outputs") for p in metadata_problems(value.get(key, []), f"v2.{key}")]
+    if problems:
+        found.problem("v2", "; ".join(problems), fix=f"declare each tensor as {{name, datatype, shape}}: {_V2_EXAMPLE}")
 
 
 def _server_value(spec: _Key, value: Any, found: Findings) -> Any:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from handlerkit._text import did_you_mean
 from handlerkit.errors import HandlerkitError, RequestError
 from handlerkit.worker.requests import Request
+from handlerkit.worker.v2_tensors import DTYPE_DATATYPES, EXAMPLE_INPUT, tensor_problems
 
 __all__ = [
     "ENVELOPES",
@@ -40,23 +41,6 @@ __all__ = [
 
 Handle = Callable[[Any, Any], Any]
 _JSON_FIX = "send a JSON object with the header Content-Type: application/json"
-# KServe v2 datatype by numpy dtype name, else dtype kind (as ts/.../kservev2.py maps them).
-_V2_DATATYPES = {
-    "bool": "BOOL",
-    "uint8": "UINT8",
-    "uint16": "UINT16",
-    "uint32": "UINT32",
-    "uint64": "UINT64",
-    "int8": "INT8",
-    "int16": "INT16",
-    "int32": "INT32",
-    "int64": "INT64",
-    "float16": "FP16",
-    "float32": "FP32",
-    "float64": "FP64",
-    "object": "BYTES",
-    "U": "BYTES",
-}
 # What the request builder infers from plain Python values (first match wins).
 _PY_DATATYPES: list[tuple[set[type], str]] = [
     ({bool}, "BOOL"),
@@ -279,7 +263,10 @@ class KServeV2Envelope(Envelope):
     TorchServe reads only request 0 (then fails the batch with 503); crashes with KeyError,
     ValueError, IndexError or AttributeError on a missing key, data that does not fit its shape, a
     non-str ``id``, more results than inputs or a dtype v2 cannot name; reuses a stale ``id``
-    after a call whose results were empty.
+    after a call whose results were empty. It checks nothing else: a ``-1`` dimension, a shape
+    a ``BYTES`` input's data does not fill, or elements that are not of the datatype reach the
+    handler. Here each input is held to the v2 tensor rule first (:func:`handlerkit.worker.v2_tensors.tensor_problems`,
+    as the KServe server holds it), and one that breaks it is a :class:`RequestError` naming every problem.
     """
 
     name = "kservev2"
@@ -306,27 +293,18 @@ class KServeV2Envelope(Envelope):
 
     @staticmethod
     def _input(inp: Any, k: int) -> dict[str, Any]:
-        is_bytes = isinstance(inp, dict) and inp.get("datatype") == "BYTES"  # TorchServe reads no shape then
-        keys = ["name", "datatype", "data"] + ([] if is_bytes else ["shape"])
-        missing = [key for key in keys if not isinstance(inp, dict) or key not in inp]
-        if missing:
-            raise RequestError(
-                f"request 0: kservev2 input {k} lacks {', '.join(missing)}: got {inp!r:.80}",
-                0,
-                fix='each input is {"name", "shape", "datatype", "data"}',
-            )
+        name = inp.get("name") if isinstance(inp, dict) else None
+        where = f"kservev2 input {name!r}" if isinstance(name, str) else f"kservev2 input {k}"
+        problems = tensor_problems(inp, where)
+        if problems:
+            raise RequestError(f"request 0: {'; '.join(problems)}", 0, fix=f"send each input as {EXAMPLE_INPUT}")
         if inp["datatype"] == "BYTES":
-            if not isinstance(inp["data"], list) or not inp["data"]:
-                raise RequestError(f"request 0: BYTES input {inp['name']!r} needs a non-empty data list", 0)
-            return {**inp, "data": inp["data"][0]}
+            if not inp["data"]:
+                raise RequestError(f"request 0: BYTES input {name!r} needs a non-empty data list", 0)
+            return {**inp, "data": inp["data"][0]}  # TorchServe's: nested BYTES data gives its first row
         import numpy as np
 
-        try:
-            return {**inp, "data": np.array(inp["data"]).reshape(tuple(inp["shape"])).tolist()}
-        except (TypeError, ValueError) as exc:
-            raise RequestError(
-                f"request 0: kservev2 input {inp['name']!r} does not fit shape {inp['shape']}: {exc}", 0
-            ) from exc
+        return {**inp, "data": np.array(inp["data"]).reshape(tuple(inp["shape"])).tolist()}
 
     def format_output(self, results: Any) -> list[dict[str, Any]]:
         ctx = self.context
@@ -366,7 +344,7 @@ class KServeV2Envelope(Envelope):
                 f"output {name!r} cannot become a numpy array ({exc})",
                 fix="return nested lists or CPU tensors (.cpu().tolist())",
             ) from exc
-        datatype = _V2_DATATYPES.get(str(flat.dtype)) or _V2_DATATYPES.get(flat.dtype.kind)
+        datatype = DTYPE_DATATYPES.get(str(flat.dtype)) or DTYPE_DATATYPES.get(flat.dtype.kind)
         if datatype is None:
             raise HandlerkitError(
                 f"output {name!r} has dtype {flat.dtype}, which KServe v2 cannot name",
@@ -456,7 +434,7 @@ def _v2_input(inp: Mapping[str, Any]) -> dict[str, Any]:
     data = inp["data"]
     if all(hasattr(data, a) for a in ("shape", "dtype", "reshape")):  # a numpy array or a tensor
         shape, flat = list(data.shape), data.reshape(-1).tolist()
-        dtype = _V2_DATATYPES.get(str(data.dtype).removeprefix("torch."))
+        dtype = DTYPE_DATATYPES.get(str(data.dtype).removeprefix("torch."))
     else:
         shape, flat = _shape_and_flat(data if isinstance(data, (list, tuple)) else [data])
         kinds = {type(x) for x in flat}

@@ -10,14 +10,7 @@ import torch
 
 from handlerkit.errors import HandlerkitError
 from handlerkit.recording.alone import Alone
-from handlerkit.recording.fixes import (
-    REFUSE_ALONE,
-    input_fix,
-    missing_key_fix,
-    payload_fix,
-    suggest_fix,
-    together_fix,
-)
+from handlerkit.recording.fixes import REFUSE_ALONE, input_fix, missing_key_fix, payload_fix, suggest_fix, together_fix
 
 HANDLER = ("/models/recs/handler.py", 12, "ids = json.loads(body)")
 ONE_AT_FAULT = Alone(failing=1, passing=0, tried=2)

@@ -143,7 +143,7 @@ def test_given_inputs_replace_the_ones_built_from_the_metadata():
 
 @pytest.mark.parametrize("inputs, message", [
     ([], "expected a non-empty list"),
-    ([{"name": "x", "shape": [2], "datatype": "FP32", "data": [1.0]}], r"inputs\[0\] shape \[2\] needs 2 values in data"),
+    ([{"name": "x", "shape": [2], "datatype": "FP32", "data": [1.0]}], r"inputs\[0\] shape \[2\] holds 2 elements, its data 1"),
     ([{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1.0]}], r"inputs\[0\] shape \[-1\] is not a list of integers >= 0"),
     ([{"name": "x", "shape": [1], "datatype": "FLOAT", "data": [1.0]}], r"inputs\[0\] datatype 'FLOAT' is none of BOOL"),
 ])  # fmt: skip

@@ -130,13 +130,13 @@ def test_json_flattens_instances_and_splits_back_per_request():
 
 def test_kservev2_reshapes_names_outputs_and_sets_context():
     b = hk.batch(j({"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]},
-                               {"name": "y", "shape": [1], "datatype": "BYTES", "data": ["a", "b"]}]}))
+                               {"name": "y", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}))
     ctx = hk_context(b)
     names = []
 
     def handler(data, context):
         names.append(context.input_names)
-        assert data[1] == {"name": "y", "shape": [1], "datatype": "BYTES", "data": "a"}  # BYTES: data[0] only
+        assert data[1] == {"name": "y", "shape": [2], "datatype": "BYTES", "data": "a"}  # BYTES: data[0] only
         assert data[0]["data"] == [[1, 2], [3, 4]]
         return [np.array(data[0]["data"], dtype=np.float32) * 2]  # fewer outputs than inputs is fine
     out = env.wrap(handler, "kservev2")(b.data, ctx)
@@ -248,9 +248,10 @@ def test_kserve_bad_bodies():
     "body, ts_error, match",
     [
         ({"instances": [1]}, KeyError, r"needs a list under 'inputs': got None"),
-        ({"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]}, KeyError, r"input 0 lacks shape"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]}, KeyError,
+         r"kservev2 input 'x' shape None is not a list of integers >= 0"),
         ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2, 3]}]}, ValueError,
-         r"input 'x' does not fit shape \[2\]"),
+         r"kservev2 input 'x' shape \[2\] holds 2 elements, its data 3"),
         ({"id": 7, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}, AttributeError,
          r"'id' must be a string: got 7"),
         ({"inputs": [{"name": "s", "shape": [0], "datatype": "BYTES", "data": []}]}, IndexError,
@@ -264,6 +265,30 @@ def test_kservev2_bad_request_is_a_request_error_where_torchserve_crashes(body, 
         TS_CLASSES["kservev2"](Recorder()).handle(b.data, ts_context(b))
     with pytest.raises(RequestError, match=match):
         env.wrap(Recorder(), "kservev2")(b.data, hk_context(b))
+
+
+@pytest.mark.parametrize(
+    "tensor, match",
+    [
+        ({"name": "x", "shape": [-1], "datatype": "FP32", "data": [1.0, 2.0]},
+         r"kservev2 input 'x' shape \[-1\] is not a list of integers >= 0"),
+        ({"name": "x", "shape": [2], "datatype": "INT64", "data": ["1", "2"]},
+         r"kservev2 input 'x' is INT64: its data must be integers, got '1'"),
+        ({"name": "s", "shape": [1], "datatype": "BYTES", "data": ["a", "b"]},
+         r"kservev2 input 's' shape \[1\] holds 1 elements, its data 2"),
+        ({"name": "x", "shape": [1], "datatype": "FLOAT", "data": [1.0]},
+         r"kservev2 input 'x' datatype 'FLOAT' is none of BOOL, UINT8"),
+    ],
+    ids=["-1 dimension", "strings for INT64", "bytes data overfills shape", "unknown datatype"],
+)
+def test_kservev2_holds_inputs_to_the_v2_rule_that_torchserve_lets_through(tensor, match):
+    b = hk.batch(j({"inputs": [tensor]}))
+    seen = Recorder()
+    TS_CLASSES["kservev2"](seen).handle(b.data, ts_context(b))  # TorchServe hands it to the handler
+    assert len(seen.seen) == 1
+    with pytest.raises(RequestError, match=match) as info:
+        env.wrap(Recorder(), "kservev2")(b.data, hk_context(b))
+    assert info.value.fix.startswith('send each input as {"name": "input-0"')
 
 
 @pytest.mark.parametrize(

@@ -30,14 +30,17 @@ What differs from TorchServe-on-KServe:
 - the routes around inference are KServe's own: ``/v2/health/live``, ``/v2/health/ready``,
   ``/v2/models/<m>``, ``/v2/models/<m>/ready``, ``/v1/models/<m>``; a v1 body kserve cannot
   parse is answered by kserve (400) before the handler sees it;
-- the v2 route keeps the spec (:mod:`handlerkit.serving.kserve._v2`): each input is checked
-  before the handler runs (datatype, shape against its data, element types, the metadata's
-  declared inputs), so a request TorchServe would hand to the handler is refused with 400; a
+- the v2 route keeps the spec (:mod:`handlerkit.serving.v2`): each input is checked before the
+  handler runs (datatype, shape against its data, element types, the metadata's declared
+  inputs), so a request TorchServe would hand to the handler is refused with 400; a
   body that is no inference request (malformed JSON, no ``inputs``) is 400, not FastAPI's 422;
   and every v2 error is ``{"error": <TorchServe's message>}`` with TorchServe's status, so a v2
   client such as ``tritonclient`` shows the message (v1 errors keep TorchServe's body);
-- the model metadata lists no inputs or outputs: a TorchServe handler declares none, and
-  nothing is invented for it;
+- the model metadata (``GET /v2/models/<m>``) lists the inputs and outputs the model declares:
+  model-config.yaml's ``v2: {inputs: [{name, datatype, shape}], outputs: [...]}``, else the
+  handler's ``v2_metadata`` (the built-ins declare one ``BYTES`` input of shape ``[-1]``, and
+  still read any input name, as in TorchServe); a TorchServe handler declares none, and nothing
+  is invented for it;
 - ``url_path`` is ``""`` in each request's headers (TorchServe's KServe routes add none);
 - kserve adds ``"parameters": null`` to v2 responses and outputs, and sends a v1 ``:explain``
   answer with the request's own headers (its ``DataPlane.explain``);

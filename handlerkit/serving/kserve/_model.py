@@ -6,7 +6,8 @@ bytes and headers, :func:`handlerkit.serving._http.to_request`), run as a batch 
 the handler's entry point wrapped in the protocol's envelope (``kserve`` for v1, ``kservev2``
 for v2), and answered from what the worker would send back (:func:`~handlerkit.serving._http.replies`).
 A v2 request is checked against the spec first, and a v2 error answered the spec's way
-(:mod:`handlerkit.serving.kserve._v2`).
+(:mod:`handlerkit.serving.v2`); the v2 metadata declares the inputs and outputs the model's
+config or handler declares (:func:`~handlerkit.serving.v2.declared_tensors`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from handlerkit.recording.failures import handler_files
 from handlerkit.service import Service, WorkingDir
 from handlerkit.serving._failures import batch_failure, logger
 from handlerkit.serving._http import Reply, replies, to_request, worker_error, worker_failure
-from handlerkit.serving.kserve._v2 import error_reply, input_problems, invalid_request, request_validation_response
+from handlerkit.serving.kserve._v2 import request_validation_response
+from handlerkit.serving.v2 import as_v2_error, declared_tensors, input_problems, invalid_request
 from handlerkit.worker.context import MockContext
 from handlerkit.worker.envelopes import wrap
 
@@ -65,6 +67,7 @@ class HandlerModel(kserve.Model):
         self.service: Service | None = None
         self._entries: dict[str, Any] = {}
         self._files: frozenset[str] | None = None  # the handler's source files, read at the first failure
+        self._declared: dict[str, Any] = {"inputs": [], "outputs": [], "other_names": False}  # v2 metadata
         # One thread: one handle() at a time, as one TorchServe worker; the event loop stays free.
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="handlerkit-kserve")
 
@@ -83,6 +86,7 @@ class HandlerModel(kserve.Model):
             service.close()
             raise
         self.service = service
+        self._declared = declared_tensors(service.context.model_yaml_config, service.function or service.handler)
         # Both protocols share the one initialized handler: each wraps the entry point in its envelope.
         self._entries = {protocol: wrap(service.entry, envelope) for protocol, envelope in ENVELOPES.items()}
         for entry in self._entries.values():
@@ -102,6 +106,15 @@ class HandlerModel(kserve.Model):
                 archive.cleanup()
         self._pool.shutdown(wait=False)
 
+    # -- v2 metadata (GET /v2/models/<name>) ----------------------------------------------------
+    def get_input_types(self) -> list[dict[str, Any]]:
+        """The inputs the model declares (model-config.yaml's ``v2:``, else the handler's ``v2_metadata``)."""
+        return self._declared["inputs"]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        """The outputs the model declares (model-config.yaml's ``v2:``, else the handler's ``v2_metadata``)."""
+        return self._declared["outputs"]
+
     # -- inference ----------------------------------------------------------------------------
     async def predict(
         self, payload: Any, headers: dict[str, str] | None = None, response_headers: dict[str, str] | None = None
@@ -119,7 +132,7 @@ class HandlerModel(kserve.Model):
         (v1: TorchServe's body; v2: the spec's ``{"error": <TorchServe's message>}``)."""
         protocol, reply = result
         if reply.status != 200:
-            raise HandlerReply(error_reply(reply) if protocol == "v2" else reply)
+            raise HandlerReply(as_v2_error(reply) if protocol == "v2" else reply)
         if protocol == "v2":
             return json.loads(reply.body)
         if response_headers is not None:
@@ -129,7 +142,9 @@ class HandlerModel(kserve.Model):
     async def _run(self, payload: Any, headers: dict[str, str], *, explain: bool) -> tuple[str, Reply]:
         if isinstance(payload, InferRequest):
             protocol, rest = "v2", _v2_body(payload)
-            problems = input_problems(rest.get("inputs"), self.get_input_types())
+            declared = self.get_input_types()  # a subclass's own declaration binds every name
+            other_names = self._declared["other_names"] and declared is self._declared["inputs"]
+            problems = input_problems(rest.get("inputs"), declared, other_names=other_names)
             if problems:  # answered alone, before the handler sees it
                 return protocol, invalid_request(problems)
             body = json.dumps(rest).encode("utf-8")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _format_lab import BRANCH_MODEL_PY  # the data-dependent branch on line 11
 
 from conftest import MLP_MODEL_PY, load_model_class, write_model_dir
-from _format_lab import BRANCH_MODEL_PY  # the data-dependent branch on line 11
 from handlerkit.diagnostics.format_lab.export import explain_failure, make, quiet
 
 #: Line 10 raises a plain Python error under the exporter only (it traces with fake tensors).

@@ -48,6 +48,13 @@ class ShapesHandler(ImageClassifier):
     pass
 '''
 
+#: GET /v2/models/shapes: ImageClassifier.v2_metadata.
+SHAPES_METADATA = {
+    "name": "shapes", "versions": None, "platform": "",
+    "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+    "outputs": [{"name": "input-0", "datatype": "BYTES", "shape": [1]}],
+}  # fmt: skip
+
 #: Numbers in, a dict out: under v1 one row per instance, under v2 one input (a 2-D tensor) each.
 TABULAR_HANDLER = '''\
 class Tabular:
@@ -160,11 +167,8 @@ def test_health_readiness_and_metadata(server: KServeServer) -> None:
     assert _get(server.port, "/v2/health/ready") == (200, {"ready": True})
     assert _get(server.port, "/v2/models/shapes/ready") == (200, {"name": "shapes", "ready": True})
     assert _get(server.port, "/v1/models/shapes") == (200, {"name": "shapes", "ready": True})
-    # A TorchServe handler declares no tensors: none are invented.
-    assert _get(server.port, "/v2/models/shapes") == (
-        200,
-        {"name": "shapes", "versions": None, "platform": "", "inputs": [], "outputs": []},
-    )
+    # An ImageClassifier (here a subclass) declares its tensors: an encoded image in, its top-k out.
+    assert _get(server.port, "/v2/models/shapes") == (200, SHAPES_METADATA)
     status, body = _get(server.port, "/v2/models/nope/ready")
     assert status == 404 and body == {"error": "Model with name nope does not exist."}
 
@@ -234,7 +238,7 @@ def test_tritonclient_round_trip(server: KServeServer) -> None:
     client = triton.InferenceServerClient(f"127.0.0.1:{server.port}", connection_timeout=30, network_timeout=60)
     try:
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("shapes")
-        assert client.get_model_metadata("shapes") == {"name": "shapes", "versions": None, "platform": "", "inputs": [], "outputs": []}
+        assert client.get_model_metadata("shapes") == SHAPES_METADATA
         image = triton.InferInput("img", [1], "BYTES")
         image.set_data_from_numpy(np.array([_b64(IMAGES / "cross.png").encode()], dtype=np.object_))  # binary extension
         result = client.infer("shapes", [image], request_id="tc-1")
