@@ -667,7 +667,7 @@ class Instances(hk.BaseHandler):
 
 
 def test_stepping_under_an_envelope_agrees_with_run(tmp_path):
-    from handlerkit.worker.envelopes import request
+    from handlerkit.worker.clients import request
 
     ctx = hk.MockContext.from_model_dir(tabular_dir(tmp_path / "tabular", base="handlerkit"))
     h = hk.Harness(Instances, ctx, envelope="json")

@@ -536,7 +536,7 @@ def test_json_envelope_in_the_harness_answers_what_the_worker_answers(tmp_path):
     """With ``service_envelope=json`` the worker wraps handle: the instances of every request go to
     the handler as one flat list, and the answers come back per request as ``{"predictions": ...}``.
     ``hk.Harness(..., envelope="json")`` applies the same envelope to the same requests."""
-    from handlerkit.worker.envelopes import request, unwrap_response
+    from handlerkit.worker.clients import request, unwrap_response
 
     batch = hk.batch(request("json", ROWS[:2]), request("json", ROWS[2:3]))
     service = ts_load(archive(tmp_path / "ts", "rows_handler", "torchserve"), 2, envelope="json")
@@ -553,7 +553,7 @@ def test_json_envelope_in_the_harness_answers_what_the_worker_answers(tmp_path):
 
 @pytest.mark.torchserve
 def test_kservev2_envelope_in_the_harness_answers_what_the_worker_answers(tmp_path):
-    from handlerkit.worker.envelopes import request
+    from handlerkit.worker.clients import request
 
     batch = hk.batch(request("kservev2", ROWS[:2], id="req-7"))
     service = ts_load(archive(tmp_path / "ts", "v2_rows_handler", "torchserve"), 1, envelope="kservev2")
@@ -568,7 +568,7 @@ def test_kservev2_envelope_in_the_harness_answers_what_the_worker_answers(tmp_pa
 def test_an_error_under_an_envelope_is_not_blamed_on_a_request_the_harness_cannot_tell(tmp_path):
     """Under an envelope preprocess sees the envelope's flat list, not the requests: running each
     request alone through preprocess proves nothing, so no request is named."""
-    from handlerkit.worker.envelopes import request
+    from handlerkit.worker.clients import request
 
     ctx = hk.MockContext.from_model_dir(archive(tmp_path / "hk", "rows_handler"))
     h = hk.Harness(ctx.manifest["model"]["handler"], ctx, envelope="json")

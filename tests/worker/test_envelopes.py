@@ -21,6 +21,7 @@ from ts.torch_handler.request_envelope import kservev2 as ts_kservev2
 
 import handlerkit as hk
 from handlerkit.errors import HandlerkitError, RequestError
+from handlerkit.worker import clients
 from handlerkit.worker import envelopes as env
 
 TS_CLASSES = {
@@ -361,22 +362,22 @@ def test_unknown_envelope_names_the_known_ones(name, guess):
 @pytest.mark.parametrize("name", ["json", "kserve"])
 def test_instances_request_round_trips(name):
     instances = [[1.0, 2.0], {"x": 1, "y": "z"}]
-    req = env.request(name, instances, headers={"X-Trace": "1"}, request_id="rid-1")
+    req = clients.request(name, instances, headers={"X-Trace": "1"}, request_id="rid-1")
     assert req.request_id == "rid-1" and req.headers["X-Trace"] == "1"
     b = hk.batch(req)
     assert b.data == [{"body": {"instances": instances}}]
     (ts_seen, ts_out), (hk_seen, hk_out) = both(name, b)
     assert hk_seen == ts_seen == [instances] and hk_out == ts_out
-    assert env.unwrap_response(name, hk_out[0]) == instances
-    assert env.unwrap_response(name, json.dumps(hk_out[0]) if name == "kserve" else hk_out[0].encode()) == instances
+    assert clients.unwrap_response(name, hk_out[0]) == instances
+    assert clients.unwrap_response(name, json.dumps(hk_out[0]) if name == "kserve" else hk_out[0].encode()) == instances
 
 
 def test_json_request_sends_bytes_as_b64_and_the_handler_gets_bytes():
-    req = env.request("json", [{"img": b"\x89PNG", "k": 1}, {"img": b"GIF8"}])
+    req = clients.request("json", [{"img": b"\x89PNG", "k": 1}, {"img": b"GIF8"}])
     assert req.data()["body"]["instances"][0] == {"img": {"b64": base64.b64encode(b"\x89PNG").decode()}, "k": 1}
     (ts_seen, _), (hk_seen, _) = both("json", hk.batch(req))
     assert hk_seen == ts_seen == [[{"img": b"\x89PNG", "k": 1}, {"img": b"GIF8"}]]
-    (ts_seen, _), (hk_seen, _) = both("json", hk.batch(env.request("json", [b"raw"])))
+    (ts_seen, _), (hk_seen, _) = both("json", hk.batch(clients.request("json", [b"raw"])))
     assert hk_seen == ts_seen == [[b"raw"]]
 
 
@@ -392,7 +393,7 @@ def test_json_request_sends_bytes_as_b64_and_the_handler_gets_bytes():
     ],
 )
 def test_kservev2_request_infers_shape_and_datatype_and_round_trips(data, shape, datatype):
-    req = env.request("kservev2", data, id="req-7")
+    req = clients.request("kservev2", data, id="req-7")
     body = req.data()["body"]
     flat = body["inputs"][0]["data"]
     assert body["id"] == "req-7"
@@ -401,40 +402,21 @@ def test_kservev2_request_infers_shape_and_datatype_and_round_trips(data, shape,
     assert hk_seen == ts_seen and hk_out == ts_out
     assert hk_out[0]["id"] == "req-7"
     expected = flat[:1] if datatype == "BYTES" else flat  # TorchServe passes BYTES data[0] only
-    assert env.unwrap_response("kservev2", hk_out[0]) == {"input-0": expected}
-    assert env.unwrap_response("kservev2", json.dumps(hk_out[0])) == {"input-0": expected}
+    assert clients.unwrap_response("kservev2", hk_out[0]) == {"input-0": expected}
+    assert clients.unwrap_response("kservev2", json.dumps(hk_out[0])) == {"input-0": expected}
 
 
 def test_kservev2_request_with_several_inputs():
-    req = env.request("kservev2", inputs={"a": [[1, 2]], "b": ["x", "y"]})
+    req = clients.request("kservev2", inputs={"a": [[1, 2]], "b": ["x", "y"]})
     assert [(i["name"], i["shape"], i["datatype"]) for i in req.data()["body"]["inputs"]] == [
         ("a", [1, 2], "INT64"), ("b", [2], "BYTES")]
     assert "id" not in req.data()["body"]
     ready = [{"name": "t", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
-    req = env.request("kservev2", inputs=ready)
+    req = clients.request("kservev2", inputs=ready)
     assert req.data()["body"]["inputs"] == ready
     (ts_seen, ts_out), (hk_seen, hk_out) = both("kservev2", hk.batch(req))
     assert hk_seen == ts_seen == [[{"name": "t", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]]
     assert hk_out == ts_out and hk_out[0]["id"] == req.request_id
-
-
-def test_builder_errors():
-    with pytest.raises(ValueError, match=r"rows have shapes \[\[2\], \[1\]\]"):
-        env.request("kservev2", [[1, 2], [3]])
-    with pytest.raises(ValueError, match=r"cannot infer the datatype of input 'input-0': pass 'datatype'"):
-        env.request("kservev2", [1, "a"])
-    with pytest.raises(TypeError, match="instances \\(one input\\) or inputs, not both"):
-        env.request("kservev2", [1], inputs={"a": [1]})
-    with pytest.raises(ValueError, match="needs a non-empty list of instances"):
-        env.request("json", [])
-    with pytest.raises(TypeError, match="inputs and id are for kservev2 requests, not kserve"):
-        env.request("kserve", [1], id="x")
-    with pytest.raises(ValueError, match="the body envelope passes any request through"):
-        env.request("body", [1])
-    with pytest.raises(HandlerkitError, match=r"did you mean 'kservev2'"):
-        env.request("kservev", [1])
-    with pytest.raises(HandlerkitError, match=r"not a kservev2 response item: \{'predictions'"):
-        env.unwrap_response("kservev2", {"predictions": [1]})
 
 
 def test_module_imports_neither_torch_nor_torchserve_nor_numpy():

@@ -31,7 +31,7 @@ from _ts_server import TorchServe, archive, missing_requirements
 
 from handlerkit.service import Service
 from handlerkit.serving.kserve import KServeServer, model, start
-from handlerkit.worker.envelopes import request as envelope_request
+from handlerkit.worker.clients import request as envelope_request
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL_DIR = ROOT / "fixtures" / "models" / "image_classifier"
