@@ -18,7 +18,7 @@ from handlerkit.serving._http import Reply, worker_error
 from handlerkit.serving._http import error_reply as ts_error
 from handlerkit.serving.v2 import as_v2_error, declared_tensors, invalid_request
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILT_INS = ("image_classifier", "image_segmenter", "object_detector", "text_classifier")
 
 #: A handler nobody wrote for v2: rows of three features in, each row's weighted sum out.
