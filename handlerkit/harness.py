@@ -103,17 +103,21 @@ class Harness(Reports):
         # Spied when built (a class, a spec) or now (an instance, a Service): stage calls reach the recorder.
         self._spied = self.handler is not None and spy.spy_on(self.handler)
         self.track_memory = track_memory
-        self.capture_logs = capture_logs
         if capture_logs:
             enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self.batch: Any = None
         #: The last :meth:`run`'s (or :meth:`stream`'s) Run, a failed one too (``.error``); None before.
         self.last_run: Run | None = None
-        self._warning_registry: dict[Any, Any] = {}
-        self._looking = True  # runs look whether the handler's files changed (not inside preserved())
-        self._capture: Capture | None = None
-        self._log_handler = ListHandler()
+        # What a run or step catches: warnings, logs; the model dir's imports and working
+        # directory meanwhile; and, first, a look whether the handler's files changed since
+        # loaded (a stat per file; not inside preserved(): a diagnostic's loop looked once before).
+        self._capture = Capture(
+            self.service.running,
+            ListHandler() if capture_logs else None,
+            {},
+            look=lambda: reloading.warn_if_changed(self.service),
+        )
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self._handler_files = failures.handler_files(self.function or self.handler)
         failures.refresh_sources(self._handler_files)  # errors show the lines of the code loaded now
@@ -143,6 +147,19 @@ class Harness(Reports):
         return cls(service, track_memory=track_memory, capture_logs=capture_logs)
 
     # -- what the service holds ----------------------------------------------------------
+    @property
+    def capture_logs(self) -> bool:
+        """Whether runs and steps keep the log records emitted in each stage."""
+        return self._capture.log_handler is not None
+
+    @capture_logs.setter
+    def capture_logs(self, value: bool) -> None:
+        if value and self._capture.log_handler is None:
+            enable_info_logs()
+            self._capture.log_handler = ListHandler()
+        elif not value:
+            self._capture.log_handler = None
+
     @property
     def context(self) -> Any:
         return self.service.context
@@ -201,11 +218,12 @@ class Harness(Reports):
         """Run extra batches (checks, timing) and put the results and the bound batch back after."""
         results, batch, last_run = dict(self.results), self.batch, self.last_run
         reloading.warn_if_changed(self.service)  # once for all the extra batches, which do not look
-        looking, self._looking = self._looking, False
+        capture = self._capture
+        looking, capture.looking = capture.looking, False
         try:
             yield
         finally:
-            self._looking = looking
+            capture.looking = looking
             self.results.clear()
             self.results.update(results)
             self.batch, self.last_run = batch, last_run
@@ -227,33 +245,17 @@ class Harness(Reports):
             raise ValueError(f"no stage {stage!r}; the stages are {', '.join(STAGES)}")
         self._invalidate_from(stage)
 
-    def _bind(self, batch: Batch) -> None:
-        """Make ``batch`` the current one, as TorchServe's worker does before ``handle``."""
-        self.batch = batch
+    def _bind(self, batch_or_data: Any) -> Batch:
+        """Make ``batch_or_data`` the current batch, as TorchServe's worker does before ``handle``
+        (read once, by :meth:`Service.bind <handlerkit.service.Service.bind>`); returns it."""
         self._invalidate_from("preprocess")
-        self.service.bind(batch)
+        self.batch = batch = self.service.bind(batch_or_data)
         if self.handler is not None:
             try:  # BaseHandler.handle sets it before preprocess; a step needs it set already
                 self.handler.context = self.context
             except (AttributeError, TypeError):  # a handler with no such slot sets nothing
                 pass
-
-    def _open_capture(self) -> Capture | None:
-        """Open a capture unless one is open already (a step inside a run); None then."""
-        if self._capture is not None:
-            return None
-        if self._looking:  # edited since loaded? (a stat per file; a diagnostic's loop looked once before it)
-            reloading.warn_if_changed(self.service)
-        capture = Capture(
-            self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry
-        )
-        self._capture = capture.__enter__()
-        return capture
-
-    def _close_capture(self, capture: Capture | None) -> None:
-        if capture is not None:
-            self._capture = None
-            capture.__exit__(None, None, None)
+        return batch
 
     def _recorder(self) -> Recorder:
         metrics = self.context.metrics if self._metrics_marks else None
@@ -264,8 +266,7 @@ class Harness(Reports):
         self, stage: str, func: Callable[[Any], Any], value: Any, request_count: int | None, on_batch_data: bool = False
     ) -> StageResult:
         """Run ``func(value)`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors."""
-        capture = self._open_capture()
-        try:
+        with self._capture:
             recorder = self._recorder()
             error = None
             try:
@@ -279,8 +280,6 @@ class Harness(Reports):
                 )
                 raise result.error from error
             return result
-        finally:
-            self._close_capture(capture)
 
     def _stage_error(self, stage: str, exc: BaseException, request_count: int | None, **how: Any) -> StageError:
         """``how``: how the stage got its input, to run the requests alone through it
@@ -328,8 +327,7 @@ class Harness(Reports):
         ``handle`` accepts (request dicts, or raw items such as ``[[1.0, 2.0]]``).
         """
         self._need_stage_methods("preprocess")
-        batch = Batch.coerce(batch_or_data)
-        self._bind(batch)
+        batch = self._bind(batch_or_data)
         data = batch.data
         envelope = self.service.envelope
         if envelope is not None:  # what the worker's envelope hands handle()
@@ -401,11 +399,9 @@ class Harness(Reports):
         initialized, self.last_run = self.results.get("initialize"), None  # never the previous run's
         if initializes := initialized is None or initialized.error is not None:  # then it is part of this run
             self.initialize()
-        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
-        self._bind(batch)
+        batch = self._bind(batch_or_data)
         count = len(batch)
-        capture = self._open_capture()
-        try:
+        with self._capture:
             recorder = self._recorder()
             marks = recorder.mark()
             data, entry, error, output = batch.data, self.entry, None, None
@@ -439,8 +435,6 @@ class Harness(Reports):
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
                     self.results[call.stage].error = self._stage_error(call.stage, call.error, count, alone=False)
-        finally:
-            self._close_capture(capture)
         last = built[-1]
         last.problems = check_output(output, count, stage=last.stage)
         if last.stage == "handle" and self.handler is not None and self._spied:  # else unobservable

@@ -329,8 +329,7 @@ class Service:
                 "model-config.yaml with an `async def handle`",
             )
         context = self.context if context is None else context
-        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
-        batch.bind(context)
+        batch = self.bind(batch_or_data, context)
         future = asyncio.wrap_future(self.worker_loop.submit(self.coroutine_entry(batch.data, context)))
         if self.working_dir == "process":  # the loop's thread holds the imports, and cwd is set for good
             return await future
@@ -420,11 +419,13 @@ class Service:
         self._config_handed = copy.deepcopy(self._config_original)
         self.context.model_yaml_config = self._config_handed
 
-    def bind(self, batch_or_data: Any) -> Batch:
+    def bind(self, batch_or_data: Any, context: Any = None) -> Batch:
         """Make ``batch_or_data`` (a Batch, a Request, or any list ``handle`` accepts) the
-        context's current batch, as the worker does before ``handle``; returns the Batch."""
+        current batch of ``context`` (the service's by default), as the worker does before
+        ``handle``; returns the Batch. The one place a caller's batch is read: the Harness,
+        :meth:`handle`, :meth:`ahandle` and the servers all bind through it."""
         batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
-        batch.bind(self.context)
+        batch.bind(self.context if context is None else context)
         return batch
 
     def handle(self, batch_or_data: Any) -> Any:

@@ -77,8 +77,14 @@ class Recorder:
         with the warnings, logs and metrics of that time."""
         lap = Lap(stage, value)
         self.laps.append(lap)
-        self._timed(lap, func, value, *args, **kwargs)
-        output = lap.output
+        started = self._begin(lap)
+        try:
+            lap.output = output = func(value, *args, **kwargs)
+        except BaseException as exc:
+            lap.error = exc
+            raise
+        finally:
+            self._end(lap, started)
         if inspect.iscoroutine(output):
             lap.output = self._awaited(lap, output)
             lap.output.__qualname__ = output.__qualname__  # what an "unawaited" message names
@@ -104,16 +110,6 @@ class Recorder:
         finally:
             self._end(lap, started)
         return lap.output
-
-    def _timed(self, lap: Lap, func: Callable[..., Any], value: Any, *args: Any, **kwargs: Any) -> None:
-        started = self._begin(lap)
-        try:
-            lap.output = func(value, *args, **kwargs)
-        except BaseException as exc:
-            lap.error = exc
-            raise
-        finally:
-            self._end(lap, started)
 
     def _begin(self, lap: Lap) -> tuple[int, int, int, Timer | None, int]:
         """Where the records stand and the clocks read as a call begins (see :meth:`_end`)."""
