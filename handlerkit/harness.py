@@ -34,6 +34,7 @@ from typing import Any
 from handlerkit._stack import user_stacklevel
 from handlerkit.batches import Batch
 from handlerkit.contract import STAGES, HeaderReads, Problem, check_output, skipped_stages
+from handlerkit.devices import needs_sync
 from handlerkit.diagnostics.reports import Reports
 from handlerkit.errors import HandlerkitError, HandlerkitWarning, StageError
 from handlerkit.recording import failures, spy
@@ -118,6 +119,7 @@ class Harness(Reports):
             {},
             look=lambda: reloading.warn_if_changed(self.service),
         )
+        self._device_sync: tuple[Any, bool] = (None, False)  # the handler's device, and whether timing it syncs
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self._handler_files = failures.handler_files(self.function or self.handler)
         failures.refresh_sources(self._handler_files)  # errors show the lines of the code loaded now
@@ -260,7 +262,10 @@ class Harness(Reports):
     def _recorder(self) -> Recorder:
         metrics = self.context.metrics if self._metrics_marks else None
         handler = self.handler
-        return Recorder(self._capture, metrics, getattr(handler, "device", None), self.track_memory, handler)
+        device = getattr(handler, "device", None)
+        if device is not self._device_sync[0]:  # asked once per device the handler moves to, not per run
+            self._device_sync = (device, device is not None and needs_sync(device))
+        return Recorder(self._capture, metrics, device, self.track_memory, handler, sync=self._device_sync[1])
 
     def _step(
         self, stage: str, func: Callable[[Any], Any], value: Any, request_count: int | None, on_batch_data: bool = False

@@ -230,7 +230,9 @@ class PerRequestErrors:
 
     def _refusals(self) -> dict[int, RequestError]:
         """The current batch's refusals; those of another batch (other request ids) are dropped."""
-        ids = request_ids(getattr(self, "context", None))
+        ids = getattr(getattr(self, "context", None), "request_ids", None)  # compared, copied only for a new batch
+        if not isinstance(ids, dict):
+            ids = None
         if getattr(self, "_refused", None) is None or self._refused_ids != ids:
             self._begin_refusals(list(ids.values()) if ids is not None else None)
         return self._refused

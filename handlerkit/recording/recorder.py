@@ -54,16 +54,20 @@ class Recorder:
         device: the handler's device (a synchronising timer on accelerators).
         track_memory: track each call's peak memory.
         source: the handler, recorded on each StageResult.
+        sync: whether ``device`` needs a synchronising timer, when the caller knows already
+            (:func:`~handlerkit.devices.needs_sync` otherwise).
     """
 
     __slots__ = ("_owner", "capture", "device", "laps", "metrics", "source", "sync", "track_memory")
 
-    def __init__(self, capture: Any, metrics: Any, device: Any, track_memory: bool, source: Any = None) -> None:
+    def __init__(
+        self, capture: Any, metrics: Any, device: Any, track_memory: bool, source: Any = None, sync: bool | None = None
+    ) -> None:
         self.capture = capture
         self.source = source
         self.metrics = metrics
         self.device = device
-        self.sync = device is not None and needs_sync(device)
+        self.sync = (device is not None and needs_sync(device)) if sync is None else sync
         self.track_memory = track_memory
         self.laps: list[Lap] = []
         self._owner = threading.get_ident()
@@ -77,7 +81,12 @@ class Recorder:
         with the warnings, logs and metrics of that time."""
         lap = Lap(stage, value)
         self.laps.append(lap)
-        started = self._begin(lap)
+        if self.track_memory or self.sync:
+            started = self._begin(lap)
+        else:  # _begin's CPU path, inlined: this runs for every stage of every run
+            capture, metrics = self.capture, self.metrics
+            m0 = metrics.mark() if metrics is not None else 0
+            started = len(capture.warnings), len(capture.logs), m0, None, time.perf_counter_ns()
         try:
             lap.output = output = func(value, *args, **kwargs)
         except BaseException as exc:
@@ -115,7 +124,6 @@ class Recorder:
         """Where the records stand and the clocks read as a call begins (see :meth:`_end`)."""
         warnings_seen, logs_seen, metrics = self.capture.warnings, self.capture.logs, self.metrics
         w0, l0, m0 = len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0
-        lap.memory = None
         if self.track_memory and threading.get_ident() == self._owner:
             lap.memory = MemoryTracker(device=self.device, end=False).__enter__()
         # On CPU two clock reads; an accelerator needs the synchronising Timer.
