@@ -70,7 +70,19 @@ class Capture:
             harness's "handler.py changed since it was loaded" warning: a stat per file).
     """
 
-    __slots__ = ("_added", "_catcher", "_depth", "_imports", "_look", "_registry", "_running", "log_handler", "logs", "looking", "warnings")
+    __slots__ = (
+        "_added",
+        "_catcher",
+        "_depth",
+        "_imports",
+        "_look",
+        "_registry",
+        "_running",
+        "log_handler",
+        "logs",
+        "looking",
+        "warnings",
+    )
 
     def __init__(
         self,
