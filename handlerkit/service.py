@@ -129,7 +129,7 @@ class Service:
         self.archive: Any = getattr(context, "archive", None)  # an unpacked archive's temp dir
         self._home: str | None = None  # the model dir when it exists (see refresh)
         self._directories: Directories | None = None  # working_dir="call": the moves around each call
-        self._idle: _Running | None = None  # running()'s usual block, kept for the next call
+        self._idle: dict[str, _Running] = {}  # running()'s usual block per label, kept for the next call
         # The model config as initialize got it and left it (see _hand_a_fresh_config).
         self._config_original: Any = None
         self._config_handed: Any = None
@@ -366,13 +366,14 @@ class Service:
         (only the outermost changes directory); ``label`` names the code run inside in the
         warning given when it changes the working directory. ``max_age``: trust the dir for this
         many seconds; 0 looks afresh, its modules as its files are now (:func:`model_dir_imports`)."""
-        idle = self._idle
-        if label == _LABEL and max_age == 1.0 and idle is not None and not idle.entered:
-            return idle  # the usual block, made once: the Harness enters one around every batch
-        running = _Running(self, label, max_age)
-        if label == _LABEL and max_age == 1.0:
-            self._idle = running
-        return running
+        if max_age != 1.0:
+            return _Running(self, label, max_age)
+        idle = self._idle.get(label)
+        if idle is None:  # the usual block, made once per label: every batch enters one (the Harness's, handle's)
+            idle = self._idle[label] = _Running(self, label, max_age)
+        elif idle.entered:  # a block inside it, or another thread's meanwhile: one of its own
+            return _Running(self, label, max_age)
+        return idle
 
     # -- the worker's calls ---------------------------------------------------------------------
     def initialize(self) -> None:
