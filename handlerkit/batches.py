@@ -24,7 +24,6 @@ directly on a context nobody bound a batch to, as TorchServe's unit tests do.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
@@ -298,9 +297,11 @@ def batch(*requests: Any, decode: bool | None = None) -> Batch:
     return Batch(requests, decode=decode)
 
 
-#: context -> the request processors :func:`bind_implicitly` gave it: the call's own batch,
-#: which the next direct call replaces (any other binding puts in processors of its own).
-_bound_directly: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+class _DirectCallProcessors(list):  # type: ignore[type-arg]
+    """The request processors :func:`bind_implicitly` gives a context: the direct call's own
+    batch, which the next direct call replaces (any other binding puts in a list of its own)."""
+
+
 _NO_SLOT = object()
 
 
@@ -323,15 +324,14 @@ def bind_implicitly(context: Any, data: Any) -> bool:
     processors = getattr(context, "request_processor", _NO_SLOT)
     if processors is _NO_SLOT:
         return False
-    if processors is not None and processors is not _bound_directly.get(context):
+    if processors is not None and type(processors) is not _DirectCallProcessors:
         return False
     try:
         found = Batch.coerce(data)
     except (TypeError, ValueError):
         return False
     found.bind(context)
-    with contextlib.suppress(TypeError):  # a context that cannot be weakly referenced: its next call keeps this batch
-        _bound_directly[context] = context.request_processor
+    context.request_processor = _DirectCallProcessors(context.request_processor)
     with contextlib.suppress(AttributeError):  # (a context with slots)
-        context.implicit_batch = True
+        context.implicit_batch = True  # after the line above: hk.MockContext's setter resets it
     return True

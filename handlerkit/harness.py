@@ -406,23 +406,24 @@ class Harness(Reports):
             self.initialize()
         batch = self._bind(batch_or_data)
         count = len(batch)
+        handler, context = self.handler, self.context
         with self._capture:
             recorder = self._recorder()
             marks = recorder.mark()
             data, entry, error, output = batch.data, self.entry, None, None
             spied = self._spied
             if spied:
-                spy.start(self.handler, recorder)
+                spy.start(handler, recorder)
             timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
             t0 = time.perf_counter_ns()
-            socket = ChunkSocket.begin_run(self.context, t0)  # a streaming handler's chunks, timed from here
+            socket = ChunkSocket.begin_run(context, t0)  # a streaming handler's chunks, timed from here
             try:
-                output = entry(data, self.context)
+                output = entry(data, context)
             except Exception as exc:
                 error = exc
             finally:
                 if spied:
-                    spy.stop(self.handler)
+                    spy.stop(handler)
             handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
             lap = recorder.failed(error) if error is not None else None
@@ -434,7 +435,7 @@ class Harness(Reports):
                 failed = self.results[stage := lap.stage if lap is not None else "handle"]
                 fed = failures.fed_by(self.results, stage, data)  # handle gave the stage its input from data
                 failed.error = self._stage_error(stage, error, count, on_batch_data=fed)
-                self.last_run = Run.failed(stages, count, handle_ms, failed.error, self.handler, socket, self.context)
+                self.last_run = Run.failed(stages, count, handle_ms, failed.error, handler, socket, context)
                 self.last_run.initialized = initializes
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
@@ -442,12 +443,13 @@ class Harness(Reports):
                     self.results[call.stage].error = self._stage_error(call.stage, call.error, count, alone=False)
         last = built[-1]
         last.problems = check_output(output, count, stage=last.stage)
-        if last.stage == "handle" and self.handler is not None and self._spied:  # else unobservable
-            last.problems.extend(skipped_stages(self.handler))
-        sent = collect(socket, self.context, handle_ms, output, last.problems) if socket and socket.sent else None
+        if last.stage == "handle" and handler is not None and self._spied:  # else unobservable
+            last.problems.extend(skipped_stages(handler))
+        sent = collect(socket, context, handle_ms, output, last.problems) if socket and socket.sent else None
         last.problems.extend(sent.problems if sent else ())  # the frontend's rules for chunks
-        self._warn_problems(last.problems)
-        run = Run(output, stages, count, run_mode(stages), handle_ms, source=self.handler, initialized=initializes)
+        if last.problems:
+            self._warn_problems(last.problems)
+        run = Run(output, stages, count, run_mode(stages), handle_ms, source=handler, initialized=initializes)
         if sent is not None:
             run.chunks, run.streams = sent.chunks, sent.streams
         self.last_run = run
