@@ -297,7 +297,7 @@ def batch(*requests: Any, decode: bool | None = None) -> Batch:
     return Batch(requests, decode=decode)
 
 
-class _DirectCallProcessors(list):  # type: ignore[type-arg]
+class _DirectCallProcessors(list):
     """The request processors :func:`bind_implicitly` gives a context: the direct call's own
     batch, which the next direct call replaces (any other binding puts in a list of its own)."""
 

@@ -156,11 +156,9 @@ class Harness(Reports):
 
     @capture_logs.setter
     def capture_logs(self, value: bool) -> None:
-        if value and self._capture.log_handler is None:
+        if value:
             enable_info_logs()
-            self._capture.log_handler = ListHandler()
-        elif not value:
-            self._capture.log_handler = None
+        self._capture.log_handler = (self._capture.log_handler or ListHandler()) if value else None
 
     @property
     def context(self) -> Any:

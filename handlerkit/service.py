@@ -366,13 +366,11 @@ class Service:
         (only the outermost changes directory); ``label`` names the code run inside in the
         warning given when it changes the working directory. ``max_age``: trust the dir for this
         many seconds; 0 looks afresh, its modules as its files are now (:func:`model_dir_imports`)."""
-        if max_age != 1.0:
-            return _Running(self, label, max_age)
-        idle = self._idle.get(label)
-        if idle is None:  # the usual block, made once per label: every batch enters one (the Harness's, handle's)
-            idle = self._idle[label] = _Running(self, label, max_age)
-        elif idle.entered:  # a block inside it, or another thread's meanwhile: one of its own
-            return _Running(self, label, max_age)
+        idle = self._idle.get(label) if max_age == 1.0 else None  # the usual block, made once per label
+        if idle is None or idle.entered:  # (entered: a block inside it, or another thread's: one of its own)
+            idle = _Running(self, label, max_age)
+            if max_age == 1.0 and label not in self._idle:
+                self._idle[label] = idle
         return idle
 
     # -- the worker's calls ---------------------------------------------------------------------
@@ -422,9 +420,8 @@ class Service:
 
     def bind(self, batch_or_data: Any, context: Any = None) -> Batch:
         """Make ``batch_or_data`` (a Batch, a Request, or any list ``handle`` accepts) the
-        current batch of ``context`` (the service's by default), as the worker does before
-        ``handle``; returns the Batch. The one place a caller's batch is read: the Harness,
-        :meth:`handle`, :meth:`ahandle` and the servers all bind through it."""
+        current batch of ``context`` (the service's by default), as the worker does before ``handle``;
+        returns the Batch. The one place a caller's batch is read (the Harness's, handle's, the servers')."""
         batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
         batch.bind(self.context if context is None else context)
         return batch

@@ -91,14 +91,19 @@ def test_a_manifest_without_a_handler_says_how_to_give_one(tmp_path):
 
 
 def test_every_handler_form(tmp_path):
-    model_dir = write_dir(tmp_path / "forms", {"handler.py": """
+    model_dir = write_dir(
+        tmp_path / "forms",
+        {
+            "handler.py": """
         class Echo:
             def initialize(self, context):
                 self.ready = True
 
             def handle(self, data, context):
                 return [self.ready for _ in data]
-        """})
+        """
+        },
+    )
     ctx = hk.MockContext(model_dir=model_dir)
     from_spec = Service("handler.py", ctx)
     cls = type(from_spec.handler)
@@ -126,7 +131,9 @@ def test_a_class_without_handle_is_a_load_error_with_a_fix():
         def preprocess(self, data):
             return data
 
-    with pytest.raises(HandlerLoadError, match=r"^class Stages has no handle method; TorchServe calls instance\.handle") as info:
+    with pytest.raises(
+        HandlerLoadError, match=r"^class Stages has no handle method; TorchServe calls instance\.handle"
+    ) as info:
         Service(Stages, hk.MockContext())
     assert info.value.fix.startswith("subclass handlerkit.BaseHandler (or TorchServe's)")
 
@@ -163,7 +170,9 @@ def test_the_entry_point_is_taken_before_initialize():
     early.initialize()
     assert early.handle([1]) == ["from __init__"] and early.single_stage
     late = Service(Late, hk.MockContext())
-    with pytest.warns(HandlerkitWarning, match="initialize sets self.handle, but TorchServe's worker takes handle before"):
+    with pytest.warns(
+        HandlerkitWarning, match="initialize sets self.handle, but TorchServe's worker takes handle before"
+    ):
         late.initialize()
     assert late.handle([1]) == ["class handle"]
 
@@ -197,7 +206,10 @@ def test_the_handler_runs_in_the_model_dir_and_the_notebook_keeps_its_own(relati
 def test_a_handler_that_changes_the_working_directory_is_reported_and_put_back(tmp_path, monkeypatch):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    model_dir = write_dir(tmp_path / "wanders", {"handler.py": f"""
+    model_dir = write_dir(
+        tmp_path / "wanders",
+        {
+            "handler.py": f"""
         import os
 
         class Wanders:
@@ -207,11 +219,15 @@ def test_a_handler_that_changes_the_working_directory_is_reported_and_put_back(t
             def handle(self, data, context):
                 os.chdir({str(elsewhere)!r})
                 return [os.getcwd() for _ in data]
-        """})
+        """
+        },
+    )
     monkeypatch.chdir(tmp_path)
     svc = Service.open(model_dir)
     svc.initialize()
-    with pytest.warns(HandlerkitWarning, match=r"handle changed the working directory to .*elsewhere; TorchServe's worker"):
+    with pytest.warns(
+        HandlerkitWarning, match=r"handle changed the working directory to .*elsewhere; TorchServe's worker"
+    ):
         assert svc.handle([1]) == [str(elsewhere)]
     assert os.getcwd() == str(tmp_path)
     with warnings.catch_warnings():
@@ -395,3 +411,25 @@ def test_an_answer_never_awaited_is_named_and_an_async_initialize_warned(tmp_pat
         svc.initialize()
     assert svc.handle(_prompt_batch("x")) == ["ok"]
     svc.close()
+
+
+def test_running_keeps_one_block_per_label_and_a_block_inside_it_is_its_own(tmp_path):
+    svc = Service(lambda data, context: data, hk.MockContext(model_dir=tmp_path))
+    handle = svc.running("handle")
+    assert svc.running("handle") is handle and svc.running() is not handle  # one per label
+    with handle:
+        inner = svc.running("handle")
+        assert inner is not handle  # entered already: a block of its own
+        with inner:
+            assert os.getcwd() == os.path.realpath(tmp_path)
+    assert svc.running("handle") is handle and svc.running("handle", max_age=0) is not handle
+
+
+def test_bind_reads_a_batch_once_and_binds_it_to_the_context_given(tmp_path):
+    svc = Service(lambda data, context: data, hk.MockContext(model_dir=tmp_path))
+    other = hk.MockContext(model_dir=tmp_path)
+    batch = svc.bind([{"body": b"x"}], other)
+    assert svc.bind(batch) is batch  # a Batch is taken as it is
+    assert other.request_ids == batch.request_ids and svc.context.request_ids == batch.request_ids
+    with pytest.raises(TypeError, match="str"):
+        svc.bind("not a batch")
