@@ -128,16 +128,11 @@ def measure(size_mb: int, rounds: int, fmt: str, work: Path, inputs: tuple[Path,
     times: dict[str, list[float]] = {name: [] for name in commands}
     order = list(commands)
     for r in range(rounds):
-        for name in order[r % 2 :] + order[: r % 2]:
+        for name in order[r % 2:] + order[: r % 2]:
             times[name].append(timed(commands[name](src, outputs[name], fmt)))
     built = {name: next(out.iterdir()) for name, out in outputs.items()}
-    return {
-        "times": times,
-        "built": built,
-        "expected": expected,
-        "sizes": {n: size_of(p) for n, p in built.items()},
-        "input_bytes": size_of(src),
-    }
+    return {"times": times, "built": built, "expected": expected, "sizes": {n: size_of(p) for n, p in built.items()},
+            "input_bytes": size_of(src)}
 
 
 def check(result: dict) -> list[str]:
@@ -174,13 +169,9 @@ def report(result: dict, size_mb: int, fmt: str) -> float:
         print(f"{name:<22} {statistics.median(times[name]):9.2f} {min(times[name]):7.2f} {sizes[name] / 1e6:11.1f}")
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     ratio = statistics.median(ratios)
-    print(
-        f"\nspeed-up (archiver / handlerkit, per round): {ratio:.1f}x (p25..p75 {q[0]:.1f}..{q[2]:.1f}), target >= {TARGET:g}x"
-    )
-    print(
-        f"size: handlerkit {sizes['handlerkit'] / sizes['torch-model-archiver']:.3f} x the archiver's "
-        f"(inputs: {result['input_bytes'] / 1e6:.1f} MB)"
-    )
+    print(f"\nspeed-up (archiver / handlerkit, per round): {ratio:.1f}x (p25..p75 {q[0]:.1f}..{q[2]:.1f}), target >= {TARGET:g}x")
+    print(f"size: handlerkit {sizes['handlerkit'] / sizes['torch-model-archiver']:.3f} x the archiver's "
+          f"(inputs: {result['input_bytes'] / 1e6:.1f} MB)")
     return ratio
 
 

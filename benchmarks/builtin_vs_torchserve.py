@@ -108,10 +108,7 @@ class Contender:
     def __init__(self, label: str, handler: Any, model_dir: str, config: dict[str, Any] | None = None):
         self.label, self.handler, self.model_dir = label, handler, model_dir
         self.ctx = hk.MockContext(
-            model_dir=model_dir,
-            model_file="model.py",
-            model_pt_file="model.pt",
-            gpu_id=None,
+            model_dir=model_dir, model_file="model.py", model_pt_file="model.pt", gpu_id=None,
             model_yaml_config=config or {},
         )
         with model_dir_imports(model_dir):  # TorchServe's loader imports "model" from the model dir
@@ -185,17 +182,13 @@ def report(ts: Contender, others: list[Contender]) -> bool:
             met = target is None or ratio >= target
             ok &= met
             shown = "-" if target is None else f">={target:g}x"
-            print(
-                f"{'':12} {c.label:34} {statistics.median(c.samples[stage]):10.1f} {ratio:6.2f}x "
-                f"{f'{q25:.2f}..{q75:.2f}':>12} {shown:>7}{'' if met else '  MISSED'}"
-            )
+            print(f"{'':12} {c.label:34} {statistics.median(c.samples[stage]):10.1f} {ratio:6.2f}x "
+                  f"{f'{q25:.2f}..{q75:.2f}':>12} {shown:>7}{'' if met else '  MISSED'}")
     print()
     for c in (ts, *others):  # from the stage pass: its three stages are the end-to-end work
         pre, inference, post = (statistics.median(c.samples[stage]) for stage in STAGES)
-        print(
-            f"{c.label:34} not inference: {(pre + post) / (pre + inference + post):6.1%} of end to end "
-            f"(preprocess + postprocess {pre + post:.1f} ms of {pre + inference + post:.1f} ms)"
-        )
+        print(f"{c.label:34} not inference: {(pre + post) / (pre + inference + post):6.1%} of end to end "
+              f"(preprocess + postprocess {pre + post:.1f} ms of {pre + inference + post:.1f} ms)")
     return ok
 
 
@@ -213,10 +206,8 @@ def check_answers(name: str, ts: Contender, others: list[Contender], batch: hk.B
             verdict = "identical" if exact else "MISSED: not identical"
         else:
             verdict = "(not judged)"
-        print(
-            f"{name:18} {c.label:34} top-1 same on {same}/{total}, top-5 labels shared {shared}/{5 * total}, "
-            f"largest top-5 probability gap {worst:.1e} {verdict}"
-        )
+        print(f"{name:18} {c.label:34} top-1 same on {same}/{total}, top-5 labels shared {shared}/{5 * total}, "
+              f"largest top-5 probability gap {worst:.1e} {verdict}")
     return ok
 
 
@@ -240,37 +231,27 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     busy = others_busy()
     if busy is not None and busy > 0.2:
-        print(
-            f"note: other processes keep {busy:.0%} of the {os.cpu_count()} cores busy: torch's thread pool then "
-            "stalls on every parallel op, which slows TorchServe's per-image tensor ops most; for "
-            "representative figures run on a quiet machine\n"
-        )
+        print(f"note: other processes keep {busy:.0%} of the {os.cpu_count()} cores busy: torch's thread pool then "
+              "stalls on every parallel op, which slows TorchServe's per-image tensor ops most; for "
+              "representative figures run on a quiet machine\n")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = resnet18_model_dir(tmp)
         images = photo_jpegs()
         batch = hk.batch(*(hk.Request.from_bytes(image, "image/jpeg") for image in images))
         ts = Contender("TorchServe 0.12", TorchServeImageClassifier(), model_dir)
         default = Contender("handlerkit", hk.handlers.ImageClassifier(), model_dir)
-        fast = Contender(
-            "handlerkit fast_resize", hk.handlers.ImageClassifier(), model_dir, {"handler": {"fast_resize": True}}
-        )
+        fast = Contender("handlerkit fast_resize", hk.handlers.ImageClassifier(), model_dir, {"handler": {"fast_resize": True}})
         draft = Contender(
-            "handlerkit fast_resize+jpeg_draft",
-            hk.handlers.ImageClassifier(),
-            model_dir,
+            "handlerkit fast_resize+jpeg_draft", hk.handlers.ImageClassifier(), model_dir,
             {"handler": {"fast_resize": True, "jpeg_draft": True}},
         )
         contenders = [ts, default, fast, draft]
 
         kb = sum(len(image) for image in images) / len(images) / 1024
-        print(
-            f"torch {torch.__version__}, {torch.get_num_threads()} threads; resnet18 (random weights, seed 0); "
-            f"batch of {len(images)} JPEGs 1280x960 (~{kb:.0f} KB each); {args.rounds} rounds after {args.warmup} warm-up"
-        )
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; resnet18 (random weights, seed 0); "
+              f"batch of {len(images)} JPEGs 1280x960 (~{kb:.0f} KB each); {args.rounds} rounds after {args.warmup} warm-up")
         print("ratio = median over rounds of TorchServe ms / handlerkit ms in the same round\n")
-        fixtures = hk.batch(
-            *(hk.Request.from_file(p) for p in sorted(FIXTURE_IMAGES.iterdir()) if p.suffix in (".png", ".jpg"))
-        )
+        fixtures = hk.batch(*(hk.Request.from_file(p) for p in sorted(FIXTURE_IMAGES.iterdir()) if p.suffix in (".png", ".jpg")))
         answers_ok = check_answers("benchmark batch", ts, [default, fast, draft], batch)
         answers_ok &= check_answers("fixture images", ts, [default, fast, draft], fixtures)
         print()

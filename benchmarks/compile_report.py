@@ -86,18 +86,8 @@ def child(model_dir: str, warmup: int, repeat: int) -> dict[str, Any]:
 
 def run_child(model_dir: str, cache_dir: str, warmup: int, repeat: int) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "HANDLERKIT_PROGRESS": "0"}
-    args = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        model_dir,
-        "--warmup",
-        str(warmup),
-        "--repeat",
-        str(repeat),
-        "--threads",
-        os.environ["OMP_NUM_THREADS"],
-    ]
+    args = [sys.executable, os.path.abspath(__file__), "--child", model_dir, "--warmup", str(warmup),
+            "--repeat", str(repeat), "--threads", os.environ["OMP_NUM_THREADS"]]
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"child failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -180,28 +170,20 @@ def main() -> int:
         warm = run_child(model_dir, cache, args.warmup, args.repeat)
         pairs = overhead(model_dir, root, args.rounds, args.warmup, args.repeat)
 
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fixture classifier, inductor on CPU, "
-        f"batch {BATCH_SIZE}; report: warmup {args.warmup}, repeat {args.repeat}"
-    )
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fixture classifier, inductor on CPU, "
+          f"batch {BATCH_SIZE}; report: warmup {args.warmup}, repeat {args.repeat}")
     print(f"{'compile':12} {'first call s':>12} {'compile s':>10} {'Dynamo s':>9} {'backend s':>10} {'Inductor s':>11}")
     for name, r in (("cold cache", cold), ("warm cache", warm)):
-        print(
-            f"{name:12} {r['first_call_ms'] / 1000:12.2f} {_s(r['compile_s']):>10} {_s(r['dynamo_s']):>9} "
-            f"{_s(r['backend_s']):>10} {_s(r['inductor_s']):>11}"
-        )
-    print(
-        f"steady state (inference stage, median of {args.repeat}): compiled {_s(warm['compiled_ms'], 3)} ms, "
-        f"eager {_s(warm['eager_ms'], 3)} ms, speedup {_s(warm['speedup'])}x "
-        f"(cold process: {_s(cold['compiled_ms'], 3)} / {_s(cold['eager_ms'], 3)} ms, {_s(cold['speedup'])}x)"
-    )
+        print(f"{name:12} {r['first_call_ms'] / 1000:12.2f} {_s(r['compile_s']):>10} {_s(r['dynamo_s']):>9} "
+              f"{_s(r['backend_s']):>10} {_s(r['inductor_s']):>11}")
+    print(f"steady state (inference stage, median of {args.repeat}): compiled {_s(warm['compiled_ms'], 3)} ms, "
+          f"eager {_s(warm['eager_ms'], 3)} ms, speedup {_s(warm['speedup'])}x "
+          f"(cold process: {_s(cold['compiled_ms'], 3)} / {_s(cold['eager_ms'], 3)} ms, {_s(cold['speedup'])}x)")
     bare_s, report_s = statistics.median(b for b, _ in pairs), statistics.median(r for _, r in pairs)
     ratio = report_s / bare_s
     ok = ratio <= TARGET
-    print(
-        f"report overhead (warm cache, {args.rounds} rounds; bare first call + {args.warmup + args.repeat} steady "
-        f"calls vs compile_report): median {bare_s:.3f} s vs {report_s:.3f} s"
-    )
+    print(f"report overhead (warm cache, {args.rounds} rounds; bare first call + {args.warmup + args.repeat} steady "
+          f"calls vs compile_report): median {bare_s:.3f} s vs {report_s:.3f} s")
     print(f"  per round (bare, report) s: {', '.join(f'({b:.2f}, {r:.2f})' for b, r in pairs)}")
     print(f"ratio {ratio:.3f}; target <= {TARGET:.2f}{'' if ok else '  MISSED'}")
     return 0 if ok else 1

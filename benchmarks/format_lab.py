@@ -102,12 +102,7 @@ def main() -> int:
                     start = time.perf_counter()
                     if which == "lab":
                         report = h.compare_formats(
-                            batch,
-                            formats=formats,
-                            repeat=args.repeat,
-                            warmup=args.warmup,
-                            directory=workdir,
-                            progress=False,
+                            batch, formats=formats, repeat=args.repeat, warmup=args.warmup, directory=workdir, progress=False
                         )
                         lab_s.append(time.perf_counter() - start)
                     else:
@@ -117,23 +112,17 @@ def main() -> int:
             overhead = statistics.median(lab_s) / statistics.median(plain_s) - 1
             eager = report.row("eager").steady.median
             print(f"\n{name} ({len(batch)} requests, {os.cpu_count()} CPUs, torch {torch.__version__.split('+')[0]})")
-            print(
-                f"{'format':12} {'answers':>8} {'steady ms':>10} {'vs eager':>9} {'first call ms':>14} {'export s':>9}"
-            )
+            print(f"{'format':12} {'answers':>8} {'steady ms':>10} {'vs eager':>9} {'first call ms':>14} {'export s':>9}")
             for row in report.rows:
                 steady = row.steady.median if row.steady else float("nan")
                 agree = "agree" if row.answers_agree else "DIFFER" if row.exported else "failed"
                 ok &= bool(row.answers_agree)
                 export = f"{row.export_s:9.2f}" if row.export_s is not None else f"{'-':>9}"
-                print(
-                    f"{row.format:12} {agree:>8} {steady:10.3f} {eager / steady:8.2f}x {row.first_call_ms or 0:14.1f} {export}"
-                )
+                print(f"{row.format:12} {agree:>8} {steady:10.3f} {eager / steady:8.2f}x {row.first_call_ms or 0:14.1f} {export}")
             met = overhead <= TARGET_OVERHEAD
             ok &= met
-            print(
-                f"lab {statistics.median(lab_s):.2f} s vs the same work done plainly {statistics.median(plain_s):.2f} s "
-                f"(medians of {args.rounds}): overhead {overhead:+.1%} (target <= {TARGET_OVERHEAD:.0%}){'' if met else '  MISSED'}"
-            )
+            print(f"lab {statistics.median(lab_s):.2f} s vs the same work done plainly {statistics.median(plain_s):.2f} s "
+                  f"(medians of {args.rounds}): overhead {overhead:+.1%} (target <= {TARGET_OVERHEAD:.0%}){'' if met else '  MISSED'}")
     return 0 if ok else 1
 
 

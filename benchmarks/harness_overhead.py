@@ -101,9 +101,7 @@ class _MemoryPerStage(hk.handlers.ImageClassifier):
             return super().postprocess(data)
 
 
-def measure(
-    model_dir: str, image: str, rounds: int, warmup: int, block: int = 3
-) -> tuple[float, dict[str, list[float]]]:
+def measure(model_dir: str, image: str, rounds: int, warmup: int, block: int = 3) -> tuple[float, dict[str, list[float]]]:
     """Median ms of bare handle, and per variant the per-round extra ms over it.
 
     Every round runs the bare call and each variant, in an order that rotates from round to
@@ -182,14 +180,8 @@ def main() -> int:
     cases = [("fixture classifier", fixture_dir, args.rounds, {"off": 0.03, "on": 0.05, "service": 0.01})]
     tmp = tempfile.TemporaryDirectory()
     if not args.skip_resnet:
-        cases.append(
-            (
-                "resnet18 (random weights)",
-                resnet18_model_dir(tmp.name),
-                args.resnet_rounds,
-                {"off": 0.01, "on": 0.05, "service": 0.01},
-            )
-        )
+        targets = {"off": 0.01, "on": 0.05, "service": 0.01}
+        cases.append(("resnet18 (random weights)", resnet18_model_dir(tmp.name), args.resnet_rounds, targets))
 
     rounds = ", ".join(f"{name}: {n} rounds" for name, _, n, _ in cases)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1; {rounds}")
@@ -212,9 +204,7 @@ def main() -> int:
                 f"{f'{q25 * 1000:.0f}..{q75 * 1000:.0f}':>13} {shown:>7}{'' if ok else '  MISSED'}"
             )
         # Per round: everything on, minus bare with a MemoryTracker per stage.
-        beyond = statistics.median(
-            on - mem for on, mem in zip(extras["everything on"], extras["bare + memory per stage"])
-        )
+        beyond = statistics.median(on - mem for on, mem in zip(extras["everything on"], extras["bare + memory per stage"]))
         print(
             f"{name:26} {'  everything on, beyond exact per-stage memory:':56} {beyond / bare_ms:+9.2%} {beyond * 1000:7.0f}"
         )

@@ -71,9 +71,8 @@ class TorchServeV2Engine(TorchServeEngine):
         import _ts_server
 
         Engine.__init__(self)
-        self.ts = _ts_server.TorchServe(
-            root=root, models={name: mar.name}, model_store=mar.parent, properties={"service_envelope": "kservev2"}
-        )
+        self.ts = _ts_server.TorchServe(root=root, models={name: mar.name}, model_store=mar.parent,
+                                        properties={"service_envelope": "kservev2"})
         self.ts.start(timeout=180)
         self.url = f"http://127.0.0.1:{self.ts.inference_port}/v2/models/{name}/infer"
         self._before = 0
@@ -126,10 +125,8 @@ def same_answers(model: str, ours: tuple[int, Any], theirs: tuple[int, Any]) -> 
     if ours == theirs and ours[0] == 200:
         print(f"{model}: answers equal (status 200, {len(json.dumps(ours[1]))} bytes of JSON)")
         return True
-    print(
-        f"{model}: ANSWERS DIFFER: adapter {ours[0]} {json.dumps(ours[1])[:300]}\n"
-        f"{'':>{len(model) + 16}}torchserve {theirs[0]} {json.dumps(theirs[1])[:300]}"
-    )
+    print(f"{model}: ANSWERS DIFFER: adapter {ours[0]} {json.dumps(ours[1])[:300]}\n"
+          f"{'':>{len(model) + 16}}torchserve {theirs[0]} {json.dumps(theirs[1])[:300]}")
     return False
 
 
@@ -141,13 +138,8 @@ def where_the_time_goes(ours: dict[str, Any], ts: dict[str, Any]) -> dict[str, d
     out = {}
     for label, r in ((ADAPTER, ours), (TORCHSERVE, ts)):
         served = 1000 / r["req/s"]
-        out[label] = {
-            "handle": handle,
-            "served": served,
-            "outside": served - handle,
-            "p50 outside": r["p50 ms"] - handle,
-            "cpu": r["cpu ms/req"],
-        }
+        out[label] = {"handle": handle, "served": served, "outside": served - handle,
+                      "p50 outside": r["p50 ms"] - handle, "cpu": r["cpu ms/req"]}
     return out
 
 
@@ -155,10 +147,8 @@ def verdict(model: str, ours: dict[str, Any], ts: dict[str, Any]) -> tuple[str, 
     """The comparison line for one model, and whether it missed the target (resnet18 only)."""
     ratio, p99 = ours["req/s"] / ts["req/s"], ours["p99 ms"] / ts["p99 ms"]
     pairs = [a / b for a, b in zip(ours["round req/s"], ts["round req/s"])]
-    line = (
-        f"{model}: adapter/TorchServe throughput {ratio:.2f}x (rounds {min(pairs):.2f}..{max(pairs):.2f}), "
-        f"p99 {p99:.2f}x"
-    )
+    line = (f"{model}: adapter/TorchServe throughput {ratio:.2f}x (rounds {min(pairs):.2f}..{max(pairs):.2f}), "
+            f"p99 {p99:.2f}x")
     if model != TARGET["model"]:
         return line, False
     ok = ratio >= TARGET["throughput"] and p99 <= TARGET["p99"]
@@ -195,22 +185,16 @@ def main() -> int:
     parser.add_argument("--requests-per-round", type=int, default=128)
     parser.add_argument("--warmup", type=int, default=32)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument(
-        "--batch",
-        type=int,
-        default=1,
-        help="TorchServe's batchSize (default 1: KServe's Python server does not batch; "
-        "TorchServe 0.12's kservev2 envelope fails batches of more than one with 503)",
-    )
+    parser.add_argument("--batch", type=int, default=1,
+                        help="TorchServe's batchSize (default 1: KServe's Python server does not batch; "
+                        "TorchServe 0.12's kservev2 envelope fails batches of more than one with 503)")
     parser.add_argument("--delay-ms", type=int, default=10, help="TorchServe's maxBatchDelay")
     parser.add_argument("--models", default="fixture,resnet18")
     args = parser.parse_args()
     missing = [m for m in ("kserve", "psutil", "ts") if importlib.util.find_spec(m) is None]
     if missing:
-        print(
-            f"needs kserve, psutil and torchserve: pip install 'handlerkit[kserve,test]' (missing: {missing})",
-            file=sys.stderr,
-        )
+        print(f"needs kserve, psutil and torchserve: pip install 'handlerkit[kserve,test]' (missing: {missing})",
+              file=sys.stderr)
         return 2
     import _ts_server
 
@@ -244,47 +228,29 @@ def main() -> int:
 def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace, equal: bool = True) -> int:
     """The figures, where the time goes, and the verdict: 1 when the target is missed or the
     answers differed."""
-    batching = (
-        "batchSize 1 (parity: KServe does not batch)"
-        if args.batch == 1
-        else f"TorchServe batchSize {args.batch}, maxBatchDelay {args.delay_ms} ms; KServe: none"
-    )
-    print(
-        f"\n{args.rounds} alternating rounds x {args.requests_per_round} requests per engine, {args.clients} "
-        f"closed-loop clients, v2 infer (BYTES base64 JPEG), {batching}, 1 worker, {os.cpu_count()} CPUs"
-    )
+    batching = ("batchSize 1 (parity: KServe does not batch)" if args.batch == 1 else
+                f"TorchServe batchSize {args.batch}, maxBatchDelay {args.delay_ms} ms; KServe: none")
+    print(f"\n{args.rounds} alternating rounds x {args.requests_per_round} requests per engine, {args.clients} "
+          f"closed-loop clients, v2 infer (BYTES base64 JPEG), {batching}, 1 worker, {os.cpu_count()} CPUs")
     print("cpu: the engine's processes' CPU (cores) in its rounds; idle: its CPU (cores) while the other ran")
-    print(
-        f"{'model':<11} {'engine':<16} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'cpu':>5} {'idle':>5}  statuses  "
-        "batch sizes"
-    )
+    print(f"{'model':<11} {'engine':<16} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'cpu':>5} {'idle':>5}  statuses  "
+          "batch sizes")
     for model, engine, r in rows:
-        print(
-            f"{model:<11} {engine:<16} {r['req/s']:7.1f} {r['p50 ms']:8.1f} {r['p99 ms']:8.1f} {r['cpu']:5.2f} "
-            f"{r['idle cpu']:5.2f}  {r['statuses']}  {r['batches']}"
-        )
+        print(f"{model:<11} {engine:<16} {r['req/s']:7.1f} {r['p50 ms']:8.1f} {r['p99 ms']:8.1f} {r['cpu']:5.2f} "
+              f"{r['idle cpu']:5.2f}  {r['statuses']}  {r['batches']}")
     by = {(m, e): r for m, e, r in rows}
-    print(
-        "\nwhere the time goes, ms per request: handle (TorchServe's PredictionTime; the adapter's taken as\n"
-        "the same handler's), served (wall / requests), outside handle (served - handle), p50 - handle, CPU"
-    )
+    print("\nwhere the time goes, ms per request: handle (TorchServe's PredictionTime; the adapter's taken as\n"
+          "the same handler's), served (wall / requests), outside handle (served - handle), p50 - handle, CPU")
     missed = not equal
     for model in dict.fromkeys(m for m, _, _ in rows):
         ours, ts = by[(model, ADAPTER)], by[(model, TORCHSERVE)]
         for label, t in where_the_time_goes(ours, ts).items():
-            print(
-                f"  {model:<11} {label:<16} handle {t['handle']:7.2f}  served {t['served']:7.2f}  "
-                f"outside {t['outside']:7.2f}  p50-handle {t['p50 outside']:8.2f}  cpu {t['cpu']:7.2f}"
-            )
-    if any(
-        t["outside"] < 0
-        for m in dict.fromkeys(m for m, _, _ in rows)
-        for t in where_the_time_goes(by[(m, ADAPTER)], by[(m, TORCHSERVE)]).values()
-    ):
-        print(
-            "  (negative: the adapter served a request in less than TorchServe's handle took, so its own\n"
-            "  handle was faster than TorchServe's and the estimate does not hold for it)"
-        )
+            print(f"  {model:<11} {label:<16} handle {t['handle']:7.2f}  served {t['served']:7.2f}  "
+                  f"outside {t['outside']:7.2f}  p50-handle {t['p50 outside']:8.2f}  cpu {t['cpu']:7.2f}")
+    if any(t["outside"] < 0 for m in dict.fromkeys(m for m, _, _ in rows)
+           for t in where_the_time_goes(by[(m, ADAPTER)], by[(m, TORCHSERVE)]).values()):
+        print("  (negative: the adapter served a request in less than TorchServe's handle took, so its own\n"
+              "  handle was faster than TorchServe's and the estimate does not hold for it)")
     for model in dict.fromkeys(m for m, _, _ in rows):
         line, miss = verdict(model, by[(model, ADAPTER)], by[(model, TORCHSERVE)])
         print(line)

@@ -74,25 +74,15 @@ def build_mar(name: str, model_dir: Path, store: Path, batch: int, delay_ms: int
     import _ts_server
 
     config = store / f"{name}-config.yaml"
-    config.write_text(
-        f"minWorkers: 1\nmaxWorkers: 1\nbatchSize: {batch}\nmaxBatchDelay: {delay_ms}\nresponseTimeout: 120\n"
-    )
+    config.write_text(f"minWorkers: 1\nmaxWorkers: 1\nbatchSize: {batch}\nmaxBatchDelay: {delay_ms}\nresponseTimeout: 120\n")
     extra = [model_dir / "index_to_name.json"] if (model_dir / "index_to_name.json").exists() else []
-    return _ts_server.archive(
-        name=name,
-        version="1.0",
-        model_file=model_dir / "model.py",
-        serialized_file=model_dir / "model.pt",
-        handler=handler or Path("image_classifier"),
-        extra_files=extra,
-        config_file=config,
-        export_path=store,
-    )
+    return _ts_server.archive(name=name, version="1.0", model_file=model_dir / "model.py",
+                              serialized_file=model_dir / "model.pt", handler=handler or Path("image_classifier"),
+                              extra_files=extra, config_file=config, export_path=store)
 
 
-def load(
-    url: str, requests: int, clients: int, body: bytes | None = None, content_type: str = "image/jpeg"
-) -> tuple[float, list[float], collections.Counter]:
+def load(url: str, requests: int, clients: int, body: bytes | None = None,
+         content_type: str = "image/jpeg") -> tuple[float, list[float], collections.Counter]:
     """Closed loop: ``clients`` threads, ``requests`` in all, each posting ``body`` (the JPEG by
     default); wall time, latencies (ms), statuses."""
     body = IMAGE.read_bytes() if body is None else body
@@ -195,7 +185,7 @@ class TorchServeEngine(Engine):
 
     def handled(self) -> tuple[list[int] | None, list[float]]:
         time.sleep(2.0)
-        return None, self._handle_ms()[self._before :]
+        return None, self._handle_ms()[self._before:]
 
     def stop(self) -> None:
         self.ts.stop()
@@ -210,17 +200,8 @@ class RayEngine(Engine):
         super().__init__()
         self.label = "ray serve adapter" if batching == "torchserve" else "ray @serve.batch"
         route = "/" if batching == "torchserve" else "/serve-batch"
-        self.handle = serve.run(
-            app(
-                mar,
-                handler=HANDLER if name != "echo" else None,
-                name=name,
-                num_cpus=args.replica_cpus,
-                batching=batching,
-            ),
-            name=f"{name}-{batching}",
-            route_prefix=route,
-        )
+        self.handle = serve.run(app(mar, handler=HANDLER if name != "echo" else None, name=name, num_cpus=args.replica_cpus, batching=batching),
+                                name=f"{name}-{batching}", route_prefix=route)
         self.url = f"http://127.0.0.1:{port}{route.rstrip('/')}/predictions/{name}"
         # A handle's router may need a running event loop (RAY_SERVE_THROUGHPUT_OPTIMIZED=1).
         self._loop = asyncio.new_event_loop()
@@ -238,7 +219,7 @@ class RayEngine(Engine):
     def handled(self) -> tuple[list[int] | None, list[float]]:
         stats = self.stats()
         self.threads = stats["torch_threads"]
-        return stats["batch_sizes"][self._before :], stats["handle_ms"][self._before :]
+        return stats["batch_sizes"][self._before:], stats["handle_ms"][self._before:]
 
     def stop(self) -> None:
         """After Serve shut down: the handle's router may live on this loop."""
@@ -267,9 +248,8 @@ def measure(engines: list[Engine], args: argparse.Namespace) -> None:
     for r in range(args.rounds):
         for engine in engines if r % 2 == 0 else engines[::-1]:
             before = {g: _cpu_seconds(pids) for g, pids in groups.items()}
-            wall, latencies, statuses = load(
-                engine.url, args.requests_per_round, args.clients, engine.body, engine.content_type
-            )
+            wall, latencies, statuses = load(engine.url, args.requests_per_round, args.clients, engine.body,
+                                             engine.content_type)
             engine.walls.append(wall)
             engine.latencies += latencies
             engine.statuses += statuses
@@ -290,9 +270,7 @@ def row(engine: Engine) -> dict[str, Any]:
     wall = sum(engine.walls)
     n = len(ordered)
     if sizes is None:
-        batches = (
-            f"mean {n / len(handle_ms):.2f} ({len(handle_ms)} batches)" if handle_ms else "(no PredictionTime records)"
-        )
+        batches = f"mean {n / len(handle_ms):.2f} ({len(handle_ms)} batches)" if handle_ms else "(no PredictionTime records)"
     else:
         hist = ", ".join(f"{k}:{v}" for k, v in sorted(collections.Counter(sizes).items()))
         batches = f"mean {statistics.mean(sizes):.2f} ({hist}); torch threads {engine.threads}"
@@ -321,12 +299,7 @@ def run_model(name: str, mar: Path, tmp: Path, args: argparse.Namespace) -> list
         engines.append(TorchServeEngine(mar, name, tmp / f"ts-{name}"))
         # Logical CPUs enough for every replica at once (only one is loaded at a time).
         replicas = 2 if args.serve_batch else 1
-        ray.init(
-            address="local",
-            num_cpus=max(2, int(replicas * args.replica_cpus + 0.999)),
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+        ray.init(address="local", num_cpus=max(2, int(replicas * args.replica_cpus + 0.999)), include_dashboard=False, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         engines.append(RayEngine(mar, name, port, args, "torchserve"))
         if args.serve_batch:
@@ -356,30 +329,18 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--delay-ms", type=int, default=10)
     parser.add_argument("--models", default="fixture,resnet18")
-    parser.add_argument(
-        "--replica-cpus",
-        type=float,
-        default=2,
-        help="the replica's num_cpus (Ray sets its OMP_NUM_THREADS to it; TorchServe's worker "
-        "uses torch's default, the core count)",
-    )
-    parser.add_argument(
-        "--ray-high-throughput",
-        action="store_true",
-        help="Ray Serve's high-throughput mode: " + " ".join(f"{k}={v}" for k, v in HIGH_THROUGHPUT_ENV.items()),
-    )
-    parser.add_argument(
-        "--serve-batch",
-        action="store_true",
-        help="also run the adapter with Ray's own @serve.batch (batching='serve.batch')",
-    )
+    parser.add_argument("--replica-cpus", type=float, default=2,
+                        help="the replica's num_cpus (Ray sets its OMP_NUM_THREADS to it; TorchServe's worker "
+                        "uses torch's default, the core count)")
+    parser.add_argument("--ray-high-throughput", action="store_true",
+                        help="Ray Serve's high-throughput mode: " + " ".join(f"{k}={v}" for k, v in HIGH_THROUGHPUT_ENV.items()))
+    parser.add_argument("--serve-batch", action="store_true",
+                        help="also run the adapter with Ray's own @serve.batch (batching='serve.batch')")
     args = parser.parse_args()
     missing = [m for m in ("ray", "psutil", "ts") if importlib.util.find_spec(m) is None]
     if missing:
-        print(
-            f"needs ray[serve], psutil and torchserve: pip install 'handlerkit[ray,test]' (missing: {missing})",
-            file=sys.stderr,
-        )
+        print(f"needs ray[serve], psutil and torchserve: pip install 'handlerkit[ray,test]' (missing: {missing})",
+              file=sys.stderr)
         return 2
     import _ts_server
 
@@ -388,10 +349,8 @@ def main() -> int:
         return 2
     if args.ray_high_throughput:
         if not shutil.which("haproxy"):
-            print(
-                "--ray-high-throughput needs the haproxy binary on PATH (Debian: apt-get install haproxy)",
-                file=sys.stderr,
-            )
+            print("--ray-high-throughput needs the haproxy binary on PATH (Debian: apt-get install haproxy)",
+                  file=sys.stderr)
             return 2
         os.environ.update(HIGH_THROUGHPUT_ENV)  # read by the local Ray instance this process starts
 
@@ -418,26 +377,18 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     mode = "high-throughput mode (HAProxy)" if args.ray_high_throughput else "default proxy"
-    print(
-        f"\n{args.rounds} alternating rounds x {args.requests_per_round} requests per engine, {args.clients} "
-        f"closed-loop clients, batchSize {args.batch}, maxBatchDelay {args.delay_ms} ms, 1 worker/replica, "
-        f"{os.cpu_count()} CPUs; Ray Serve: {mode}"
-    )
-    print(
-        "handle ms: mean time in handle() per batch; busy: share of the wall time the handler ran;\n"
-        "cpu: the engine's processes' CPU (cores) in its rounds, and per request (ms); idle: its CPU\n"
-        "(cores) while the other engine ran"
-    )
-    print(
-        f"{'model':<11} {'engine':<18} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'handle ms':>9} {'busy':>5} "
-        f"{'cpu':>5} {'ms/req':>6} {'idle':>5}  statuses  batch sizes"
-    )
+    print(f"\n{args.rounds} alternating rounds x {args.requests_per_round} requests per engine, {args.clients} "
+          f"closed-loop clients, batchSize {args.batch}, maxBatchDelay {args.delay_ms} ms, 1 worker/replica, "
+          f"{os.cpu_count()} CPUs; Ray Serve: {mode}")
+    print("handle ms: mean time in handle() per batch; busy: share of the wall time the handler ran;\n"
+          "cpu: the engine's processes' CPU (cores) in its rounds, and per request (ms); idle: its CPU\n"
+          "(cores) while the other engine ran")
+    print(f"{'model':<11} {'engine':<18} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'handle ms':>9} {'busy':>5} "
+          f"{'cpu':>5} {'ms/req':>6} {'idle':>5}  statuses  batch sizes")
     for model, engine, r in rows:
-        print(
-            f"{model:<11} {engine:<18} {r['req/s']:7.1f} {r['p50 ms']:8.1f} {r['p99 ms']:8.1f} "
-            f"{r['handle ms']:9.1f} {r['busy']:5.0%} {r['cpu']:5.2f} {r['cpu ms/req']:6.2f} {r['idle cpu']:5.2f}  "
-            f"{r['statuses']}  {r['batches']}"
-        )
+        print(f"{model:<11} {engine:<18} {r['req/s']:7.1f} {r['p50 ms']:8.1f} {r['p99 ms']:8.1f} "
+              f"{r['handle ms']:9.1f} {r['busy']:5.0%} {r['cpu']:5.2f} {r['cpu ms/req']:6.2f} {r['idle cpu']:5.2f}  "
+              f"{r['statuses']}  {r['batches']}")
     missed = False
     by = {(m, e): r for m, e, r in rows}
     for model in models:
@@ -449,10 +400,8 @@ def main() -> int:
             ok = ratio >= 0.9 and p99 <= 1.5
             missed |= not ok
             verdict = "  target met" if ok else "  TARGET MISSED (>= 0.9x throughput, <= 1.5x p99)"
-        print(
-            f"{model}: adapter/TorchServe throughput {ratio:.2f}x (rounds {min(pairs):.2f}..{max(pairs):.2f}), "
-            f"p99 {p99:.2f}x{verdict}"
-        )
+        print(f"{model}: adapter/TorchServe throughput {ratio:.2f}x (rounds {min(pairs):.2f}..{max(pairs):.2f}), "
+              f"p99 {p99:.2f}x{verdict}")
     return 1 if missed else 0
 
 

@@ -149,14 +149,11 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--delay-ms", type=int, default=10)
-    parser.add_argument(
-        "--ray-throughput-optimized", action="store_true", help="start Ray with RAY_SERVE_THROUGHPUT_OPTIMIZED=1"
-    )
+    parser.add_argument("--ray-throughput-optimized", action="store_true",
+                        help="start Ray with RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
     args = parser.parse_args()
     if args.ray_throughput_optimized:
-        os.environ.update(
-            RAY_SERVE_THROUGHPUT_OPTIMIZED="1", RAY_SERVE_DEFAULT_HTTP_HOST="127.0.0.1"
-        )  # read by Ray at start
+        os.environ.update(RAY_SERVE_THROUGHPUT_OPTIMIZED="1", RAY_SERVE_DEFAULT_HTTP_HOST="127.0.0.1")  # read by Ray at start
     for package in ("ray", "ts", "psutil"):
         if importlib.util.find_spec(package) is None:
             print(f"needs {package}: pip install 'handlerkit[test,ray]'")
@@ -178,13 +175,8 @@ def main() -> int:
             "responseTimeout: 120\nhandler:\n  max_new_chars: 64\n"
         )
         mar = _ts_server.archive(
-            name=NAME,
-            version="1.0",
-            model_file=MODEL_DIR / "model.py",
-            serialized_file=MODEL_DIR / "model.pt",
-            handler=MODEL_DIR / "handler.py",
-            extra_files=[MODEL_DIR / "chars.json"],
-            config_file=config,
+            name=NAME, version="1.0", model_file=MODEL_DIR / "model.py", serialized_file=MODEL_DIR / "model.pt",
+            handler=MODEL_DIR / "handler.py", extra_files=[MODEL_DIR / "chars.json"], config_file=config,
             export_path=store,
         )
         ts = _ts_server.TorchServe(root=Path(tmp) / "ts", models={NAME: mar.name}, model_store=store)
@@ -217,10 +209,8 @@ def main() -> int:
 
 def report(engines: list[Engine], args: argparse.Namespace) -> int:
     ts, ours = (figures(e) for e in engines)
-    print(
-        f"streaming generator, batch {args.batch}, delay {args.delay_ms} ms, {args.clients} clients, "
-        f"{args.rounds} rounds of {args.requests_per_round} requests per engine\n"
-    )
+    print(f"streaming generator, batch {args.batch}, delay {args.delay_ms} ms, {args.clients} clients, "
+          f"{args.rounds} rounds of {args.requests_per_round} requests per engine\n")
     keys = list(ts)
     print(f"{'engine':20}" + "".join(f"{k:>15}" for k in keys) + f"{'wrong':>8}")
     for engine, row in zip(engines, (ts, ours), strict=True):
@@ -228,12 +218,10 @@ def report(engines: list[Engine], args: argparse.Namespace) -> int:
     ttfc_ratio = ours["ttfc p50 ms"] / ts["ttfc p50 ms"]
     rate_ratio = ours["chunks/s"] / ts["chunks/s"]
     ok_ttfc, ok_rate = ttfc_ratio <= TARGETS["ttfc"], rate_ratio >= TARGETS["chunks/s"]
-    print(
-        f"\nadapter / torchserve: time to first chunk p50 {ttfc_ratio:.2f}x (target <= {TARGETS['ttfc']}x)"
-        f"{'' if ok_ttfc else '  MISSED'}; chunks/s {rate_ratio:.2f}x (target >= {TARGETS['chunks/s']}x)"
-        f"{'' if ok_rate else '  MISSED'}; p99 {ours['ttfc p99 ms'] / ts['ttfc p99 ms']:.2f}x; "
-        f"CPU per chunk {ours['cpu ms/chunk'] / ts['cpu ms/chunk']:.2f}x"
-    )
+    print(f"\nadapter / torchserve: time to first chunk p50 {ttfc_ratio:.2f}x (target <= {TARGETS['ttfc']}x)"
+          f"{'' if ok_ttfc else '  MISSED'}; chunks/s {rate_ratio:.2f}x (target >= {TARGETS['chunks/s']}x)"
+          f"{'' if ok_rate else '  MISSED'}; p99 {ours['ttfc p99 ms'] / ts['ttfc p99 ms']:.2f}x; "
+          f"CPU per chunk {ours['cpu ms/chunk'] / ts['cpu ms/chunk']:.2f}x")
     wrong = sum(e.wrong for e in engines)
     if wrong:
         print(f"{wrong} replies were not the corpus line's rest")

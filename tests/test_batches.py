@@ -271,9 +271,7 @@ def test_lists_of_requests_are_refused_with_the_fix():
     a, b = Request.text("a"), Request.text("b")
     with pytest.raises(TypeError, match=r"item 0 is a list holding Requests; .*batch\(\*requests\)"):
         Batch.coerce([[a, b]])
-    with pytest.raises(
-        TypeError, match=r"item 0 is a list of 2 requests/dicts; .*Batch.coerce\(requests\).*Request.from_item"
-    ):
+    with pytest.raises(TypeError, match=r"item 0 is a list of 2 requests/dicts; .*Batch.coerce\(requests\).*Request.from_item"):
         batch([{"data": 1}, {"data": 2}])
     with pytest.raises(TypeError, match=r"item 1 is a tuple of 1 requests/dicts"):
         batch(a, (b,))
@@ -328,10 +326,7 @@ def test_dicts_without_parameter_names_are_raw_items(item):
     # TorchServe's unit tests pass such dicts straight to handle(): delivered as they are.
     for bt in (batch(item), Batch.coerce(item), Batch.coerce([item])):
         assert bt.data == [item] and bt[0].item and bt.headers == [{}]
-    with pytest.raises(
-        TypeError,
-        match=r"Request\.from_data needs parameter names \(non-empty str\) as keys: got 1; .*Request\.from_item\(x\)",
-    ):
+    with pytest.raises(TypeError, match=r"Request\.from_data needs parameter names \(non-empty str\) as keys: got 1; .*Request\.from_item\(x\)"):
         Request.from_data({1: "x"})
 
 

@@ -6,15 +6,7 @@ import pytest
 
 import handlerkit as hk
 from handlerkit.errors import RequestError
-from handlerkit.handlers.request_errors import (
-    STATUS_PHRASES,
-    error_item,
-    fail,
-    payload_kind,
-    put_back,
-    request_error,
-    set_status,
-)
+from handlerkit.handlers.request_errors import STATUS_PHRASES, error_item, fail, payload_kind, put_back, request_error, set_status
 
 
 def test_request_error_names_the_request_and_keeps_code_and_fix():
@@ -28,15 +20,8 @@ def test_request_error_names_the_request_and_keeps_code_and_fix():
 
 @pytest.mark.parametrize(
     "payload, kind",
-    [
-        ({"a": 1}, "a JSON object"),
-        ([1], "a JSON array"),
-        (True, "a JSON boolean"),
-        (3, "a JSON number"),
-        (2.5, "a JSON number"),
-        (None, "a NoneType"),
-        (object(), "a object"),
-    ],
+    [({"a": 1}, "a JSON object"), ([1], "a JSON array"), (True, "a JSON boolean"), (3, "a JSON number"),
+     (2.5, "a JSON number"), (None, "a NoneType"), (object(), "a object")],
 )
 def test_payload_kind(payload, kind):
     assert payload_kind(payload) == kind
@@ -68,17 +53,9 @@ def test_fail_records_the_error_and_sets_the_status():
     assert ctx.get_response_status(0) == (200, None)
 
 
-@pytest.mark.parametrize(
-    ("code", "phrase"),
-    [
-        (400, "Bad Request"),
-        (413, "Payload Too Large"),
-        (422, "Unprocessable Entity"),
-        (418, "I'm a Teapot"),
-        (499, "Bad Request"),
-        (599, "Internal Server Error"),
-    ],
-)
+@pytest.mark.parametrize(("code", "phrase"), [(400, "Bad Request"), (413, "Payload Too Large"),
+                                             (422, "Unprocessable Entity"), (418, "I'm a Teapot"),
+                                             (499, "Bad Request"), (599, "Internal Server Error")])
 def test_each_code_gets_its_phrase_and_a_context_without_statuses_is_fine(code, phrase):
     ctx = _bound_context(1)
     set_status(ctx, 0, request_error(0, "teapot", "brew coffee", code))
@@ -139,12 +116,7 @@ def test_a_bad_wav_is_answered_alone_and_the_others_as_alone(tmp_path, base):
     bodies = [wav_bytes(440.0), truncated_wav(), wav_bytes(None), wav_bytes(3000.0)]
     run = h.run(_wavs(*bodies))
     assert run.output[1] == TRUNCATED_ITEM and not run.problems
-    assert [h.context.get_response_status(i) for i in range(4)] == [
-        (200, None),
-        (400, "Bad Request"),
-        (200, None),
-        (200, None),
-    ]
+    assert [h.context.get_response_status(i) for i in range(4)] == [(200, None), (400, "Bad Request"), (200, None), (200, None)]
     assert [h.context.get_response_headers(i)["X-Batch-Size"] for i in range(4)] == ["4"] * 4
     assert h.handler.refused[1].reason == f"request 1: {TRUNCATED_WAV_ERROR}"
     for i in (0, 2, 3):
@@ -159,11 +131,8 @@ def test_torchserves_own_handle_answers_the_same_with_the_mixin(tmp_path):
     h.initialize()
     answers = h.handle(batch)  # TorchServe's BaseHandler.handle, as its worker calls it
     assert answers == h.run(batch).output and isinstance(answers[0], dict)
-    assert answers[1] == {
-        "code": 400,
-        "fix": AUDIO_SEND,
-        "error": "the WAV has 478 samples at 8000 Hz; the model takes 8000 at 8000 Hz",
-    }
+    assert answers[1] == {"code": 400, "fix": AUDIO_SEND,
+                          "error": "the WAV has 478 samples at 8000 Hz; the model takes 8000 at 8000 Hz"}
     assert h.context.get_response_status(1) == (400, "Bad Request")
 
 
@@ -237,9 +206,7 @@ def tabular_ctx(tmp_path):
 
 def test_a_request_refused_after_the_model_has_its_answer_replaced(tabular_ctx):
     h = hk.Harness(_Confident, tabular_ctx)
-    batch = hk.batch(
-        hk.Request.json({"features": [1, 2, 3, 4]}), hk.Request.json([1]), hk.Request.json({"features": [4, 3, 2, 1]})
-    )
+    batch = hk.batch(hk.Request.json({"features": [1, 2, 3, 4]}), hk.Request.json([1]), hk.Request.json({"features": [4, 3, 2, 1]}))
     run = h.run(batch)
     assert isinstance(run.output[0], int)
     assert run.output[1] == {"code": 400, "error": "no 4 features in [1]", "fix": 'send {"features": [4 numbers]}'}
@@ -251,9 +218,7 @@ def test_a_request_refused_after_the_model_has_its_answer_replaced(tabular_ctx):
 def test_refuse_names_what_is_wrong_with_its_arguments(tabular_ctx):
     h = hk.Harness(_Tabular, tabular_ctx)
     h.preprocess(hk.batch(hk.Request.json({"features": [1, 2, 3, 4]}), hk.Request.json({"features": [0, 0, 0, 0]})))
-    with pytest.raises(
-        ValueError, match=r"^refuse\(2, \.\.\.\): no such request in this batch of 2 \(indices 0\.\.1\)$"
-    ):
+    with pytest.raises(ValueError, match=r"^refuse\(2, \.\.\.\): no such request in this batch of 2 \(indices 0\.\.1\)$"):
         h.handler.refuse(2, "x")
     with pytest.raises(ValueError, match=r"refuse\(-1, \.\.\.\): no such request"):
         h.handler.refuse(-1, "x")

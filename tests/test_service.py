@@ -91,19 +91,14 @@ def test_a_manifest_without_a_handler_says_how_to_give_one(tmp_path):
 
 
 def test_every_handler_form(tmp_path):
-    model_dir = write_dir(
-        tmp_path / "forms",
-        {
-            "handler.py": """
+    model_dir = write_dir(tmp_path / "forms", {"handler.py": """
         class Echo:
             def initialize(self, context):
                 self.ready = True
 
             def handle(self, data, context):
                 return [self.ready for _ in data]
-        """
-        },
-    )
+        """})
     ctx = hk.MockContext(model_dir=model_dir)
     from_spec = Service("handler.py", ctx)
     cls = type(from_spec.handler)
@@ -131,9 +126,7 @@ def test_a_class_without_handle_is_a_load_error_with_a_fix():
         def preprocess(self, data):
             return data
 
-    with pytest.raises(
-        HandlerLoadError, match=r"^class Stages has no handle method; TorchServe calls instance\.handle"
-    ) as info:
+    with pytest.raises(HandlerLoadError, match=r"^class Stages has no handle method; TorchServe calls instance\.handle") as info:
         Service(Stages, hk.MockContext())
     assert info.value.fix.startswith("subclass handlerkit.BaseHandler (or TorchServe's)")
 
@@ -170,9 +163,7 @@ def test_the_entry_point_is_taken_before_initialize():
     early.initialize()
     assert early.handle([1]) == ["from __init__"] and early.single_stage
     late = Service(Late, hk.MockContext())
-    with pytest.warns(
-        HandlerkitWarning, match="initialize sets self.handle, but TorchServe's worker takes handle before"
-    ):
+    with pytest.warns(HandlerkitWarning, match="initialize sets self.handle, but TorchServe's worker takes handle before"):
         late.initialize()
     assert late.handle([1]) == ["class handle"]
 
@@ -206,10 +197,7 @@ def test_the_handler_runs_in_the_model_dir_and_the_notebook_keeps_its_own(relati
 def test_a_handler_that_changes_the_working_directory_is_reported_and_put_back(tmp_path, monkeypatch):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    model_dir = write_dir(
-        tmp_path / "wanders",
-        {
-            "handler.py": f"""
+    model_dir = write_dir(tmp_path / "wanders", {"handler.py": f"""
         import os
 
         class Wanders:
@@ -219,15 +207,11 @@ def test_a_handler_that_changes_the_working_directory_is_reported_and_put_back(t
             def handle(self, data, context):
                 os.chdir({str(elsewhere)!r})
                 return [os.getcwd() for _ in data]
-        """
-        },
-    )
+        """})
     monkeypatch.chdir(tmp_path)
     svc = Service.open(model_dir)
     svc.initialize()
-    with pytest.warns(
-        HandlerkitWarning, match=r"handle changed the working directory to .*elsewhere; TorchServe's worker"
-    ):
+    with pytest.warns(HandlerkitWarning, match=r"handle changed the working directory to .*elsewhere; TorchServe's worker"):
         assert svc.handle([1]) == [str(elsewhere)]
     assert os.getcwd() == str(tmp_path)
     with warnings.catch_warnings():
