@@ -163,16 +163,26 @@ class RequestError(PredictionException, HandlerkitError, ValueError):
     ``BaseHandler`` has and a handler on TorchServe's mixes in). It records a RequestError.
 
     Attributes:
-        reason: what is wrong with the request.
+        reason: what is wrong with the request, as given (``"request 3: the body is empty"``).
+        detail: what is wrong without naming the request (``"the body is empty"``), for an answer
+            to that request alone; the reason unless given (:func:`~handlerkit.handlers.request_errors.request_error`
+            gives both).
         fix: what the client should send instead.
         message: what TorchServe's worker answers the client: the reason and the fix.
     """
 
     def __init__(
-        self, message: str, request_index: int | None = None, error_code: int = 400, *, fix: str | None = None
+        self,
+        message: str,
+        request_index: int | None = None,
+        error_code: int = 400,
+        *,
+        fix: str | None = None,
+        detail: str | None = None,
     ):
         PredictionException.__init__(self, f"{message}\n  fix: {fix}" if fix else message, error_code)
         self.reason = message
+        self.detail = message if detail is None else detail
         self.fix = fix
         self.request_index = request_index
 

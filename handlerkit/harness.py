@@ -42,6 +42,7 @@ from handlerkit.recording.results import Run, StageResult, run_mode
 from handlerkit.service import Service, WorkingDir
 from handlerkit.worker.batches import Batch
 from handlerkit.worker.contract import STAGES, HeaderReads, Problem, check_output, skipped_stages
+from handlerkit.worker.devices import needs_sync
 from handlerkit.worker.streaming import Chunk, ChunkSocket, collect, streamed
 from handlerkit.worker.timer import Timer
 
@@ -103,17 +104,22 @@ class Harness(Reports):
         # Spied when built (a class, a spec) or now (an instance, a Service): stage calls reach the recorder.
         self._spied = self.handler is not None and spy.spy_on(self.handler)
         self.track_memory = track_memory
-        self.capture_logs = capture_logs
         if capture_logs:
             enable_info_logs()
         self.results: dict[str, StageResult] = {}
         self.batch: Any = None
         #: The last :meth:`run`'s (or :meth:`stream`'s) Run, a failed one too (``.error``); None before.
         self.last_run: Run | None = None
-        self._warning_registry: dict[Any, Any] = {}
-        self._looking = True  # runs look whether the handler's files changed (not inside preserved())
-        self._capture: Capture | None = None
-        self._log_handler = ListHandler()
+        # What a run or step catches: warnings, logs; the model dir's imports and working
+        # directory meanwhile; and, first, a look whether the handler's files changed since
+        # loaded (a stat per file; not inside preserved(): a diagnostic's loop looked once before).
+        self._capture = Capture(
+            self.service.running,
+            ListHandler() if capture_logs else None,
+            {},
+            look=lambda: reloading.warn_if_changed(self.service),
+        )
+        self._device_sync: tuple[Any, bool] = (None, False)  # the handler's device, and whether timing it syncs
         self._metrics_marks = hasattr(getattr(self.context, "metrics", None), "mark")  # handlerkit's store
         self._handler_files = failures.handler_files(self.function or self.handler)
         failures.refresh_sources(self._handler_files)  # errors show the lines of the code loaded now
@@ -143,6 +149,17 @@ class Harness(Reports):
         return cls(service, track_memory=track_memory, capture_logs=capture_logs)
 
     # -- what the service holds ----------------------------------------------------------
+    @property
+    def capture_logs(self) -> bool:
+        """Whether runs and steps keep the log records emitted in each stage."""
+        return self._capture.log_handler is not None
+
+    @capture_logs.setter
+    def capture_logs(self, value: bool) -> None:
+        if value:
+            enable_info_logs()
+        self._capture.log_handler = (self._capture.log_handler or ListHandler()) if value else None
+
     @property
     def context(self) -> Any:
         return self.service.context
@@ -201,11 +218,12 @@ class Harness(Reports):
         """Run extra batches (checks, timing) and put the results and the bound batch back after."""
         results, batch, last_run = dict(self.results), self.batch, self.last_run
         reloading.warn_if_changed(self.service)  # once for all the extra batches, which do not look
-        looking, self._looking = self._looking, False
+        capture = self._capture
+        looking, capture.looking = capture.looking, False
         try:
             yield
         finally:
-            self._looking = looking
+            capture.looking = looking
             self.results.clear()
             self.results.update(results)
             self.batch, self.last_run = batch, last_run
@@ -227,45 +245,31 @@ class Harness(Reports):
             raise ValueError(f"no stage {stage!r}; the stages are {', '.join(STAGES)}")
         self._invalidate_from(stage)
 
-    def _bind(self, batch: Batch) -> None:
-        """Make ``batch`` the current one, as TorchServe's worker does before ``handle``."""
-        self.batch = batch
+    def _bind(self, batch_or_data: Any) -> Batch:
+        """Make ``batch_or_data`` the current batch, as TorchServe's worker does before ``handle``
+        (read once, by :meth:`Service.bind <handlerkit.service.Service.bind>`); returns it."""
         self._invalidate_from("preprocess")
-        self.service.bind(batch)
+        self.batch = batch = self.service.bind(batch_or_data)
         if self.handler is not None:
             try:  # BaseHandler.handle sets it before preprocess; a step needs it set already
                 self.handler.context = self.context
             except (AttributeError, TypeError):  # a handler with no such slot sets nothing
                 pass
-
-    def _open_capture(self) -> Capture | None:
-        """Open a capture unless one is open already (a step inside a run); None then."""
-        if self._capture is not None:
-            return None
-        if self._looking:  # edited since loaded? (a stat per file; a diagnostic's loop looked once before it)
-            reloading.warn_if_changed(self.service)
-        capture = Capture(
-            self.service.running(), self._log_handler if self.capture_logs else None, self._warning_registry
-        )
-        self._capture = capture.__enter__()
-        return capture
-
-    def _close_capture(self, capture: Capture | None) -> None:
-        if capture is not None:
-            self._capture = None
-            capture.__exit__(None, None, None)
+        return batch
 
     def _recorder(self) -> Recorder:
         metrics = self.context.metrics if self._metrics_marks else None
         handler = self.handler
-        return Recorder(self._capture, metrics, getattr(handler, "device", None), self.track_memory, handler)
+        device = getattr(handler, "device", None)
+        if device is not self._device_sync[0]:  # asked once per device the handler moves to, not per run
+            self._device_sync = (device, device is not None and needs_sync(device))
+        return Recorder(self._capture, metrics, device, self.track_memory, handler, sync=self._device_sync[1])
 
     def _step(
         self, stage: str, func: Callable[[Any], Any], value: Any, request_count: int | None, on_batch_data: bool = False
     ) -> StageResult:
         """Run ``func(value)`` as ``stage``: time it, capture logs/warnings/metrics, wrap errors."""
-        capture = self._open_capture()
-        try:
+        with self._capture:
             recorder = self._recorder()
             error = None
             try:
@@ -279,8 +283,6 @@ class Harness(Reports):
                 )
                 raise result.error from error
             return result
-        finally:
-            self._close_capture(capture)
 
     def _stage_error(self, stage: str, exc: BaseException, request_count: int | None, **how: Any) -> StageError:
         """``how``: how the stage got its input, to run the requests alone through it
@@ -328,8 +330,7 @@ class Harness(Reports):
         ``handle`` accepts (request dicts, or raw items such as ``[[1.0, 2.0]]``).
         """
         self._need_stage_methods("preprocess")
-        batch = Batch.coerce(batch_or_data)
-        self._bind(batch)
+        batch = self._bind(batch_or_data)
         data = batch.data
         envelope = self.service.envelope
         if envelope is not None:  # what the worker's envelope hands handle()
@@ -401,27 +402,26 @@ class Harness(Reports):
         initialized, self.last_run = self.results.get("initialize"), None  # never the previous run's
         if initializes := initialized is None or initialized.error is not None:  # then it is part of this run
             self.initialize()
-        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
-        self._bind(batch)
+        batch = self._bind(batch_or_data)
         count = len(batch)
-        capture = self._open_capture()
-        try:
+        handler, context = self.handler, self.context
+        with self._capture:
             recorder = self._recorder()
             marks = recorder.mark()
             data, entry, error, output = batch.data, self.entry, None, None
             spied = self._spied
             if spied:
-                spy.start(self.handler, recorder)
+                spy.start(handler, recorder)
             timer = Timer(recorder.device).start() if recorder.sync else None  # accelerators only
             t0 = time.perf_counter_ns()
-            socket = ChunkSocket.begin_run(self.context, t0)  # a streaming handler's chunks, timed from here
+            socket = ChunkSocket.begin_run(context, t0)  # a streaming handler's chunks, timed from here
             try:
-                output = entry(data, self.context)
+                output = entry(data, context)
             except Exception as exc:
                 error = exc
             finally:
                 if spied:
-                    spy.stop(self.handler)
+                    spy.stop(handler)
             handle_ms = timer.stop(failed=error is not None) if timer else (time.perf_counter_ns() - t0) / 1e6
             built = recorder.build(self.results)
             lap = recorder.failed(error) if error is not None else None
@@ -433,22 +433,21 @@ class Harness(Reports):
                 failed = self.results[stage := lap.stage if lap is not None else "handle"]
                 fed = failures.fed_by(self.results, stage, data)  # handle gave the stage its input from data
                 failed.error = self._stage_error(stage, error, count, on_batch_data=fed)
-                self.last_run = Run.failed(stages, count, handle_ms, failed.error, self.handler, socket, self.context)
+                self.last_run = Run.failed(stages, count, handle_ms, failed.error, handler, socket, context)
                 self.last_run.initialized = initializes
                 raise failed.error from error
             for call in recorder.laps:  # a stage that raised inside handle, which caught it
                 if isinstance(call.error, Exception) and self.results[call.stage].error is None:
                     self.results[call.stage].error = self._stage_error(call.stage, call.error, count, alone=False)
-        finally:
-            self._close_capture(capture)
         last = built[-1]
         last.problems = check_output(output, count, stage=last.stage)
-        if last.stage == "handle" and self.handler is not None and self._spied:  # else unobservable
-            last.problems.extend(skipped_stages(self.handler))
-        sent = collect(socket, self.context, handle_ms, output, last.problems) if socket and socket.sent else None
+        if last.stage == "handle" and handler is not None and self._spied:  # else unobservable
+            last.problems.extend(skipped_stages(handler))
+        sent = collect(socket, context, handle_ms, output, last.problems) if socket and socket.sent else None
         last.problems.extend(sent.problems if sent else ())  # the frontend's rules for chunks
-        self._warn_problems(last.problems)
-        run = Run(output, stages, count, run_mode(stages), handle_ms, source=self.handler, initialized=initializes)
+        if last.problems:
+            self._warn_problems(last.problems)
+        run = Run(output, stages, count, run_mode(stages), handle_ms, source=handler, initialized=initializes)
         if sent is not None:
             run.chunks, run.streams = sent.chunks, sent.streams
         self.last_run = run

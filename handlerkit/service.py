@@ -129,7 +129,7 @@ class Service:
         self.archive: Any = getattr(context, "archive", None)  # an unpacked archive's temp dir
         self._home: str | None = None  # the model dir when it exists (see refresh)
         self._directories: Directories | None = None  # working_dir="call": the moves around each call
-        self._idle: _Running | None = None  # running()'s usual block, kept for the next call
+        self._idle: dict[str, _Running] = {}  # running()'s usual block per label, kept for the next call
         # The model config as initialize got it and left it (see _hand_a_fresh_config).
         self._config_original: Any = None
         self._config_handed: Any = None
@@ -330,8 +330,7 @@ class Service:
                 "model-config.yaml with an `async def handle`",
             )
         context = self.context if context is None else context
-        batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
-        batch.bind(context)
+        batch = self.bind(batch_or_data, context)
         future = asyncio.wrap_future(self.worker_loop.submit(self.coroutine_entry(batch.data, context)))
         if self.working_dir == "process":  # the loop's thread holds the imports, and cwd is set for good
             return await future
@@ -368,13 +367,12 @@ class Service:
         (only the outermost changes directory); ``label`` names the code run inside in the
         warning given when it changes the working directory. ``max_age``: trust the dir for this
         many seconds; 0 looks afresh, its modules as its files are now (:func:`model_dir_imports`)."""
-        idle = self._idle
-        if label == _LABEL and max_age == 1.0 and idle is not None and not idle.entered:
-            return idle  # the usual block, made once: the Harness enters one around every batch
-        running = _Running(self, label, max_age)
-        if label == _LABEL and max_age == 1.0:
-            self._idle = running
-        return running
+        idle = self._idle.get(label) if max_age == 1.0 else None  # the usual block, made once per label
+        if idle is None or idle.entered:  # (entered: a block inside it, or another thread's: one of its own)
+            idle = _Running(self, label, max_age)
+            if max_age == 1.0 and label not in self._idle:
+                self._idle[label] = idle
+        return idle
 
     # -- the worker's calls ---------------------------------------------------------------------
     def initialize(self) -> None:
@@ -421,11 +419,12 @@ class Service:
         self._config_handed = copy.deepcopy(self._config_original)
         self.context.model_yaml_config = self._config_handed
 
-    def bind(self, batch_or_data: Any) -> Batch:
+    def bind(self, batch_or_data: Any, context: Any = None) -> Batch:
         """Make ``batch_or_data`` (a Batch, a Request, or any list ``handle`` accepts) the
-        context's current batch, as the worker does before ``handle``; returns the Batch."""
+        current batch of ``context`` (the service's by default), as the worker does before ``handle``;
+        returns the Batch. The one place a caller's batch is read (the Harness's, handle's, the servers')."""
         batch = batch_or_data if type(batch_or_data) is Batch else Batch.coerce(batch_or_data)
-        batch.bind(self.context)
+        batch.bind(self.context if context is None else context)
         return batch
 
     def handle(self, batch_or_data: Any) -> Any:

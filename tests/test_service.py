@@ -395,3 +395,25 @@ def test_an_answer_never_awaited_is_named_and_an_async_initialize_warned(tmp_pat
         svc.initialize()
     assert svc.handle(_prompt_batch("x")) == ["ok"]
     svc.close()
+
+
+def test_running_keeps_one_block_per_label_and_a_block_inside_it_is_its_own(tmp_path):
+    svc = Service(lambda data, context: data, hk.MockContext(model_dir=tmp_path))
+    handle = svc.running("handle")
+    assert svc.running("handle") is handle and svc.running() is not handle  # one per label
+    with handle:
+        inner = svc.running("handle")
+        assert inner is not handle  # entered already: a block of its own
+        with inner:
+            assert os.getcwd() == os.path.realpath(tmp_path)
+    assert svc.running("handle") is handle and svc.running("handle", max_age=0) is not handle
+
+
+def test_bind_reads_a_batch_once_and_binds_it_to_the_context_given(tmp_path):
+    svc = Service(lambda data, context: data, hk.MockContext(model_dir=tmp_path))
+    other = hk.MockContext(model_dir=tmp_path)
+    batch = svc.bind([{"body": b"x"}], other)
+    assert svc.bind(batch) is batch  # a Batch is taken as it is
+    assert other.request_ids == batch.request_ids and svc.context.request_ids == batch.request_ids
+    with pytest.raises(TypeError, match="str"):
+        svc.bind("not a batch")

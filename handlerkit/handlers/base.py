@@ -393,8 +393,9 @@ class BaseHandler(PerRequestErrors):
         """TorchServe's entry point: describe, explain or preprocess → inference → postprocess
         (under ``torch.profiler`` when ``ENABLE_TORCH_PROFILER`` is set).
 
-        Called directly on a MockContext no batch was bound to (as TorchServe's unit tests call
-        it), it binds ``data`` first: :func:`~handlerkit.worker.batches.bind_implicitly`."""
+        Called directly on a context no batch was bound to (as TorchServe's unit tests call it;
+        its worker always binds one first), it binds ``data`` first:
+        :func:`~handlerkit.worker.batches.bind_implicitly`."""
         start = time.time()
         bind_implicitly(context, data)
         self.context = context

@@ -50,8 +50,9 @@ _JSON_KINDS = {
 
 
 def request_error(index: int, what: str, fix: str | None, code: int = 400) -> RequestError:
-    """The error of request ``index``: ``"request 3: <what>"``, its status code and its fix."""
-    return RequestError(f"request {index}: {what.removeprefix(f'request {index}: ')}", index, code, fix=fix)
+    """The error of request ``index``: ``"request 3: <what>"``, its status code and its fix;
+    ``what`` is kept as its :attr:`~handlerkit.errors.RequestError.detail` (the answer to that request)."""
+    return RequestError(f"request {index}: {what}", index, code, fix=fix, detail=what)
 
 
 def payload_kind(payload: Any) -> str:
@@ -84,9 +85,9 @@ def fail(errors: MutableMapping[int, RequestError], index: int, error: RequestEr
 
 
 def error_item(error: RequestError) -> dict[str, Any]:
-    """A failed request's answer: ``{"code": 400, "error": what is wrong, "fix": what to send}``."""
-    prefix = f"request {error.request_index}: "
-    return {"code": error.error_code, "error": error.reason.removeprefix(prefix), "fix": error.fix}
+    """A failed request's answer: ``{"code": 400, "error": what is wrong, "fix": what to send}``
+    (what is wrong without naming the request: it is the answer to that request alone)."""
+    return {"code": error.error_code, "error": error.detail, "fix": error.fix}
 
 
 def put_back(
@@ -230,7 +231,9 @@ class PerRequestErrors:
 
     def _refusals(self) -> dict[int, RequestError]:
         """The current batch's refusals; those of another batch (other request ids) are dropped."""
-        ids = request_ids(getattr(self, "context", None))
+        ids = getattr(getattr(self, "context", None), "request_ids", None)  # compared, copied only for a new batch
+        if not isinstance(ids, dict):
+            ids = None
         if getattr(self, "_refused", None) is None or self._refused_ids != ids:
             self._begin_refusals(list(ids.values()) if ids is not None else None)
         return self._refused

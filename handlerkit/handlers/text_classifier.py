@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from handlerkit.errors import HandlerkitError, RequestError
 from handlerkit.handlers._text_explain import token_attributions
 from handlerkit.handlers.base import HandlerDecisions, timed
-from handlerkit.handlers.request_errors import error_item
+from handlerkit.handlers.request_errors import error_item, request_error
 from handlerkit.handlers.text import TextBatch, TextHandler, TextScores
 
 __all__ = ["TextClassifier"]
@@ -130,9 +130,7 @@ class TextClassifier(TextHandler):
             or (classes is not None and value >= classes)
         ):
             within = f"0..{classes - 1}" if classes is not None else "a class index"
-            raise RequestError(
-                f"request {index}: target {value!r} is not a class index",
-                index,
-                fix=f"send target as an integer in {within}",
+            raise request_error(
+                index, f"target {value!r} is not a class index", f"send target as an integer in {within}"
             )
         return value

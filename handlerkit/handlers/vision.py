@@ -42,6 +42,7 @@ from handlerkit.errors import ConfigError, RequestError
 from handlerkit.handlers._decode import convert_mode, image_bytes, load_image, open_image
 from handlerkit.handlers._pipeline import ResizeCropNormalize, pipeline_from
 from handlerkit.handlers.base import BaseHandler, HandlerDecisions, timed
+from handlerkit.handlers.request_errors import request_error
 from handlerkit.worker.batches import payload as request_payload
 
 __all__ = ["ResizeCropNormalize", "VisionHandler", "decode_image"]
@@ -189,10 +190,10 @@ class VisionHandler(BaseHandler):
                 payload = request_payload(row)
                 if payload is None:
                     got = f"got {sorted(row)}" if isinstance(row, dict) else f"got a {type(row).__name__}"
-                    raise RequestError(
-                        f"request {index}: no image under 'data' or 'body' ({got})",
+                    raise request_error(
                         index,
-                        fix="send the image as the request body or as a form field named 'data'",
+                        f"no image under 'data' or 'body' ({got})",
+                        "send the image as the request body or as a form field named 'data'",
                     )
                 if isinstance(payload, (list, torch.Tensor)):  # floats shaped like the model input
                     lists[index] = payload
@@ -216,10 +217,10 @@ class VisionHandler(BaseHandler):
             try:
                 image = convert_mode(image, mode, background)
             except (ValueError, OSError) as exc:  # e.g. LAB or HSV, which PIL cannot turn into RGB
-                raise RequestError(
-                    f"request {index}: a {image.mode} image cannot be converted to {mode} ({exc})",
+                raise request_error(
                     index,
-                    fix="send an RGB, grayscale or palette image",
+                    f"a {image.mode} image cannot be converted to {mode} ({exc})",
+                    "send an RGB, grayscale or palette image",
                 ) from exc
             if pipeline is None:
                 return image
@@ -320,15 +321,15 @@ def _float_tensor(values: Any, index: int, expected: tuple[int, ...] | None) -> 
     try:
         tensor = torch.as_tensor(values, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise RequestError(
-            f"request {index}: the JSON list is not a rectangular array of numbers ({exc})",
+        raise request_error(
             index,
-            fix="send the image itself, or a nested list of floats shaped like the model input",
+            f"the JSON list is not a rectangular array of numbers ({exc})",
+            "send the image itself, or a nested list of floats shaped like the model input",
         ) from exc
     if expected is not None and tuple(tensor.shape) != tuple(expected):
-        raise RequestError(
-            f"request {index}: a list of floats of shape {list(tensor.shape)}; the model input is {list(expected)}",
+        raise request_error(
             index,
-            fix=f"send the image itself, or a nested list of floats of shape {list(expected)}",
+            f"a list of floats of shape {list(tensor.shape)}; the model input is {list(expected)}",
+            f"send the image itself, or a nested list of floats of shape {list(expected)}",
         )
     return tensor

@@ -54,16 +54,20 @@ class Recorder:
         device: the handler's device (a synchronising timer on accelerators).
         track_memory: track each call's peak memory.
         source: the handler, recorded on each StageResult.
+        sync: whether ``device`` needs a synchronising timer, when the caller knows already
+            (:func:`~handlerkit.worker.devices.needs_sync` otherwise).
     """
 
     __slots__ = ("_owner", "capture", "device", "laps", "metrics", "source", "sync", "track_memory")
 
-    def __init__(self, capture: Any, metrics: Any, device: Any, track_memory: bool, source: Any = None) -> None:
+    def __init__(
+        self, capture: Any, metrics: Any, device: Any, track_memory: bool, source: Any = None, sync: bool | None = None
+    ) -> None:
         self.capture = capture
         self.source = source
         self.metrics = metrics
         self.device = device
-        self.sync = device is not None and needs_sync(device)
+        self.sync = (device is not None and needs_sync(device)) if sync is None else sync
         self.track_memory = track_memory
         self.laps: list[Lap] = []
         self._owner = threading.get_ident()
@@ -77,8 +81,19 @@ class Recorder:
         with the warnings, logs and metrics of that time."""
         lap = Lap(stage, value)
         self.laps.append(lap)
-        self._timed(lap, func, value, *args, **kwargs)
-        output = lap.output
+        if self.track_memory or self.sync:
+            started = self._begin(lap)
+        else:  # _begin's CPU path, inlined: this runs for every stage of every run
+            capture, metrics = self.capture, self.metrics
+            m0 = metrics.mark() if metrics is not None else 0
+            started = len(capture.warnings), len(capture.logs), m0, None, time.perf_counter_ns()
+        try:
+            lap.output = output = func(value, *args, **kwargs)
+        except BaseException as exc:
+            lap.error = exc
+            raise
+        finally:
+            self._end(lap, started)
         if inspect.iscoroutine(output):
             lap.output = self._awaited(lap, output)
             lap.output.__qualname__ = output.__qualname__  # what an "unawaited" message names
@@ -105,21 +120,10 @@ class Recorder:
             self._end(lap, started)
         return lap.output
 
-    def _timed(self, lap: Lap, func: Callable[..., Any], value: Any, *args: Any, **kwargs: Any) -> None:
-        started = self._begin(lap)
-        try:
-            lap.output = func(value, *args, **kwargs)
-        except BaseException as exc:
-            lap.error = exc
-            raise
-        finally:
-            self._end(lap, started)
-
     def _begin(self, lap: Lap) -> tuple[int, int, int, Timer | None, int]:
         """Where the records stand and the clocks read as a call begins (see :meth:`_end`)."""
         warnings_seen, logs_seen, metrics = self.capture.warnings, self.capture.logs, self.metrics
         w0, l0, m0 = len(warnings_seen), len(logs_seen), metrics.mark() if metrics is not None else 0
-        lap.memory = None
         if self.track_memory and threading.get_ident() == self._owner:
             lap.memory = MemoryTracker(device=self.device, end=False).__enter__()
         # On CPU two clock reads; an accelerator needs the synchronising Timer.

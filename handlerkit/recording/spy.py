@@ -76,6 +76,7 @@ def _call_once(key: tuple[int, str], recorder: Any, method: Callable[..., Any], 
 
 def _spy(name: str, stage: str, owner: list[type]) -> Callable[..., Any]:
     """A stage method that calls the class's own and, during a run, tells the run's recorder."""
+    describe = stage == "describe"  # recorded with no input (see _call)
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
         method = getattr(super(owner[0], self), name)  # staticmethods, classmethods... bound as usual
@@ -85,6 +86,8 @@ def _spy(name: str, stage: str, owner: list[type]) -> Callable[..., Any]:
             return method(*args, **kwargs)
         if key in _SHADOWED:  # a stage set on the instance may be recording this call already
             return _call_once((key, stage), recorder, method, args, kwargs)
+        if args and not describe:  # the usual call, input first: no detour through _call (every run, every stage)
+            return recorder.call(stage, method, *args, **kwargs)
         return _call(recorder, stage, method, args, kwargs)
 
     spy.__name__ = spy.__qualname__ = name

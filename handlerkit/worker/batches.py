@@ -18,16 +18,17 @@ own unit tests also call ``handle([[1.0, 2.0]], ctx)`` with plain items. A batch
 
 :func:`payload` reads one row of ``data`` the one way every handlerkit handler reads it.
 :func:`bind_implicitly` binds ``handle``'s own data when a test calls ``handle(data, ctx)``
-directly on a :class:`~handlerkit.worker.context.MockContext` nobody bound, as TorchServe's unit tests do.
+directly on a context nobody bound a batch to, as TorchServe's unit tests do.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from handlerkit.worker import _wire
-from handlerkit.worker.context import MockContext, bind_requests
+from handlerkit.worker.context import bind_requests
 from handlerkit.worker.requests import Request, decode_enabled
 
 __all__ = ["Batch", "batch", "bind_implicitly", "payload"]
@@ -296,28 +297,41 @@ def batch(*requests: Any, decode: bool | None = None) -> Batch:
     return Batch(requests, decode=decode)
 
 
+class _DirectCallProcessors(list):
+    """The request processors :func:`bind_implicitly` gives a context: the direct call's own
+    batch, which the next direct call replaces (any other binding puts in a list of its own)."""
+
+
+_NO_SLOT = object()
+
+
 def bind_implicitly(context: Any, data: Any) -> bool:
-    """Bind ``data`` to a :class:`~handlerkit.worker.context.MockContext` no one bound a batch to.
+    """Bind ``data`` to a context no batch is bound to, as TorchServe's worker would have.
 
-    TorchServe's handler unit tests (and tests written like them) call ``handler.handle(data,
-    ctx)`` directly, with no batch bound. handlerkit's ``BaseHandler.handle`` calls this first,
-    so the statuses its handlers set per request (a bad image's 400) land in
-    ``ctx.responses()`` and its request-id checks see this call's batch. ``data`` is bound as
-    :meth:`Batch.coerce` reads it (each request without headers of its own) and the context's
-    ``implicit_batch`` is set, so the next direct call replaces this batch.
+    TorchServe's worker binds every batch to the context before ``handle``, so a context whose
+    ``request_processor`` is None (``hk.MockContext``, or TorchServe's ``Context``, before any
+    binding) means ``handle`` was called directly, as TorchServe's handler unit tests (and
+    tests written like them) call it. handlerkit's ``BaseHandler.handle`` calls this first, so
+    the statuses its handlers set per request (a bad image's 400) land in ``ctx.responses()``
+    and its request-id checks see this call's batch. ``data`` is bound as :meth:`Batch.coerce`
+    reads it (each request without headers of its own); the batch is the call's own, so the
+    next direct call replaces it, and the context's ``implicit_batch`` says so.
 
-    Left alone, returning False: a context bound otherwise (``Batch.bind``, the Harness, the
-    worker), any context that is not a MockContext (TorchServe's own), and ``data`` that is no
-    batch (None, an empty list).
+    Left alone, returning False: a context a batch was bound to otherwise (``Batch.bind``, the
+    Harness, the worker), a context with no request slots at all (TorchServe's test
+    ``MockContext``: nothing to bind to), and ``data`` that is no batch (None, an empty list).
     """
-    if not isinstance(context, MockContext):
+    processors = getattr(context, "request_processor", _NO_SLOT)
+    if processors is _NO_SLOT:
         return False
-    if context.request_processor is not None and not context.implicit_batch:
+    if processors is not None and type(processors) is not _DirectCallProcessors:
         return False
     try:
         found = Batch.coerce(data)
     except (TypeError, ValueError):
         return False
     found.bind(context)
-    context.implicit_batch = True
+    context.request_processor = _DirectCallProcessors(context.request_processor)
+    with contextlib.suppress(AttributeError):  # (a context with slots)
+        context.implicit_batch = True  # after the line above: hk.MockContext's setter resets it
     return True

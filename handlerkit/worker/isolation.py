@@ -354,18 +354,21 @@ class _DirImports:
     """The context manager :func:`model_dir_imports` returns (a class, not a generator: the
     Harness enters one per run, so entering and leaving are kept to a few operations)."""
 
-    __slots__ = ("_directory", "_max_age", "_model_dir", "_state")
+    __slots__ = ("_directory", "_max_age", "_model_dir", "_normalized", "_state")
 
     def __init__(self, model_dir: str | os.PathLike[str] | None, max_age: float = 0.0) -> None:
         self._model_dir = model_dir
         self._max_age = max_age
+        self._normalized: str | None = None  # the real path, found on first entry (the dir may not exist yet)
         self._directory: str | None = None
         self._state: _Entered | None = None
 
     def __enter__(self) -> str | None:
         if self._model_dir is None:
             return None
-        directory = _normdir(self._model_dir)
+        directory = self._normalized
+        if directory is None:
+            directory = self._normalized = _normdir(self._model_dir)
         with _lock:
             if _active and _active[-1] == directory:
                 _active.append(directory)

@@ -22,6 +22,7 @@ def test_request_error_names_the_request_and_keeps_code_and_fix():
     assert isinstance(error, RequestError)
     assert (error.request_index, error.error_code, error.fix) == (3, 413, "send text")
     assert error.reason == "request 3: the body is empty"
+    assert error.detail == "the body is empty"  # the request is named by its index, as data
     assert request_error(0, "x", "y").error_code == 400
 
 
@@ -34,9 +35,14 @@ def test_payload_kind(payload, kind):
     assert payload_kind(payload) == kind
 
 
-def test_error_item_drops_the_request_prefix():
+def test_error_item_says_what_is_wrong_without_naming_the_request():
     item = error_item(request_error(2, "a JSON object is not text", "send a string"))
     assert item == {"code": 400, "error": "a JSON object is not text", "fix": "send a string"}
+    # A RequestError made by hand: its message is the answer, as written (no text is parsed back).
+    mine = RequestError("request 2: not JSON", 2, fix="send JSON")
+    assert error_item(mine) == {"code": 400, "error": "request 2: not JSON", "fix": "send JSON"}
+    told = RequestError("request 2: not JSON", 2, fix="send JSON", detail="not JSON")
+    assert error_item(told)["error"] == "not JSON"
 
 
 def _bound_context(size: int) -> hk.MockContext:
@@ -229,8 +235,9 @@ def test_refuse_names_what_is_wrong_with_its_arguments(tabular_ctx):
     with pytest.raises(ValueError, match=r"refuse\(\.\.\., code=200\): a refused request's status is a 4xx"):
         h.handler.refuse(0, "x", code=200)
     assert h.handler.refused == {}
-    error = h.handler.refuse(1, "request 1: all zeros", fix="send a real one", code=413)
+    error = h.handler.refuse(1, "all zeros", fix="send a real one", code=413)
     assert error_item(error) == {"code": 413, "error": "all zeros", "fix": "send a real one"}
+    assert (error.reason, error.request_index) == ("request 1: all zeros", 1)
     assert h.handler.accepted(h.batch.data) == [(0, h.batch.data[0])]
 
 

@@ -357,8 +357,23 @@ def test_bind_implicitly_leaves_every_other_binding_and_context_alone():
         assert batches.bind_implicitly(unbound, not_a_batch) is False
     assert unbound.request_processor is None and unbound.implicit_batch is False
 
-    class TheirContext:  # TorchServe's: the worker always binds before handle
-        request_processor = None
+    class TheirTestMock:  # TorchServe's test MockContext: no request slots, nothing to bind to
+        explain = False
+
+    assert batches.bind_implicitly(TheirTestMock(), [[1.0]]) is False and not hasattr(TheirTestMock(), "request_ids")
+
+
+def test_bind_implicitly_goes_by_the_contexts_state_not_its_type():
+    class TheirContext:  # TorchServe's Context: None until its worker binds a batch, before every handle
+        def __init__(self):
+            self.request_processor = None
+
+        def __eq__(self, other):  # as ts.context.Context: so it cannot be hashed
+            return self is other
 
     theirs = TheirContext()
-    assert batches.bind_implicitly(theirs, [[1.0]]) is False and theirs.request_processor is None
+    assert batches.bind_implicitly(theirs, [[1.0], [2.0]]) is True  # so unbound, handle was called directly
+    assert len(theirs.request_processor) == 2 and theirs.implicit_batch
+    assert batches.bind_implicitly(theirs, [[3.0]]) is True and len(theirs.request_processor) == 1  # its own: replaced
+    batch(Request.json({"a": 1}, request_id="w0")).bind(theirs)  # as the worker binds (its setter resets nothing)
+    assert batches.bind_implicitly(theirs, [[4.0], [5.0]]) is False and theirs.request_ids == {0: "w0"}
