@@ -29,7 +29,7 @@ class Imports:
 def test_warnings_and_logs_are_caught_while_open_and_the_warnings_shown_after():
     imports, handler, registry = Imports(), ListHandler(), {}
     with pytest.warns(UserWarning, match="^weights are float64$"):  # shown again once it closes
-        with Capture(imports, handler, registry) as capture:
+        with Capture(lambda: imports, handler, registry) as capture:
             assert imports.events == ["enter"]
             warnings.warn("weights are float64", UserWarning, stacklevel=1)
             logging.getLogger("my_handler").warning("resized %d images", 3)
@@ -47,7 +47,7 @@ def test_a_log_call_with_a_bad_format_string_is_kept_as_written():
 
 
 def test_without_a_log_handler_logs_are_left_alone():
-    with Capture(contextlib.nullcontext(), None, {}) as capture:
+    with Capture(contextlib.nullcontext, None, {}) as capture:
         logging.getLogger("my_handler").warning("not recorded")
     assert capture.logs == []
 
@@ -60,7 +60,7 @@ def test_the_imports_are_left_when_entering_fails(monkeypatch):
 
     monkeypatch.setattr(warnings.catch_warnings, "__enter__", refuse)
     with pytest.raises(RuntimeError, match="^no more warnings filters$"):
-        Capture(imports, ListHandler(), {}).__enter__()
+        Capture(lambda: imports, ListHandler(), {}).__enter__()
     assert imports.events == ["enter", "exit"]
 
 
