@@ -32,7 +32,7 @@ def inference(data):
 def capture():
     with warnings.catch_warnings():  # what the capture shows again as it closes
         warnings.simplefilter("ignore")
-        with Capture(contextlib.nullcontext(), ListHandler(), {}) as open_capture:
+        with Capture(contextlib.nullcontext, ListHandler(), {}) as open_capture:
             yield open_capture
 
 
