@@ -107,7 +107,10 @@ def test_predictions_and_explanations_never_share_a_batch() -> None:
     replies = _run(mixed())
     assert sorted(tagger.sizes) == [2, 2]
     assert [json.loads(r.body) if r.body.startswith(b"{") else r.body for r in replies] == [
-        b"s0: $0.00", {"why": "s1"}, b"s2: $0.02", {"why": "s3"}
+        b"s0: $0.00",
+        {"why": "s1"},
+        b"s2: $0.02",
+        {"why": "s3"},
     ]
 
 
@@ -121,7 +124,9 @@ def test_a_failed_batch_answers_every_request_as_torchserve_and_logs_its_stage_e
 
     with caplog.at_level(logging.ERROR, logger="handlerkit.serving"):
         replies = _run(two())
-    assert [(r.status, json.loads(r.body)["message"], r.failed) for r in replies] == [(503, "Prediction failed", True)] * 2
+    assert [(r.status, json.loads(r.body)["message"], r.failed) for r in replies] == [
+        (503, "Prediction failed", True)
+    ] * 2
     [record] = [r for r in caplog.records if r.name == "handlerkit.serving"]
     assert record.getMessage().startswith('prices answered 503 "Prediction failed" to requests ')
     assert "ValueError: negative price for bad" in record.getMessage()
@@ -152,7 +157,9 @@ def test_requests_through_an_envelope_share_a_batch_each_read_and_answered_by_it
     body = [{"sku": "a", "cents": 1}], [{"sku": "b", "cents": 2}, {"sku": "c", "cents": 3}], [{"sku": "d", "cents": 4}]
 
     async def three() -> list[Reply]:
-        return await asyncio.gather(*(frontend.reply(hk.Request.json({"instances": b}), Job("predict", "kserve")) for b in body))
+        return await asyncio.gather(
+            *(frontend.reply(hk.Request.json({"instances": b}), Job("predict", "kserve")) for b in body)
+        )
 
     replies = _run(three())
     assert tagger.sizes == [4]  # the four instances of three requests, in one call
@@ -163,17 +170,23 @@ def test_requests_through_an_envelope_share_a_batch_each_read_and_answered_by_it
     ]
 
 
-def test_a_request_its_envelope_cannot_read_is_named_by_its_place_in_the_batch(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_request_its_envelope_cannot_read_is_named_by_its_place_in_the_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     frontend, tagger = _frontend({"maxBatchDelay": 0}, envelopes=("kserve",))
 
     async def two() -> list[Reply]:
         good = hk.Request.json({"instances": [{"sku": "a", "cents": 1}]})
-        return await asyncio.gather(*(frontend.reply(r, Job("predict", "kserve")) for r in (good, hk.Request.json({"rows": []}))))
+        return await asyncio.gather(
+            *(frontend.reply(r, Job("predict", "kserve")) for r in (good, hk.Request.json({"rows": []})))
+        )
 
     with caplog.at_level(logging.ERROR, logger="handlerkit.serving"):
         replies = _run(two())
     assert [r.status for r in replies] == [400, 400] and tagger.sizes == []
-    assert json.loads(replies[1].body)["message"].startswith("request 1: the kserve body has no 'instances': keys ['rows']")
+    assert json.loads(replies[1].body)["message"].startswith(
+        "request 1: the kserve body has no 'instances': keys ['rows']"
+    )
 
 
 def test_sequences_are_admitted_and_closed_by_the_answer_that_ends_them() -> None:

@@ -21,7 +21,7 @@ from _new_users import char_stream_dir
 from handlerkit.serving.kserve import KServeServer, start
 
 #: Records the size of every batch it is handed; answers each row with (call number, batch size, row).
-COUNTING_HANDLER = '''\
+COUNTING_HANDLER = """\
 class Counting:
     def initialize(self, context):
         self.sizes = []
@@ -32,7 +32,7 @@ class Counting:
             return [{"explained": row} for row in data]
         # a v1 row is an instance; a v2 row is an input, whose data is a list
         return [[len(self.sizes), len(data), *(row["data"] if isinstance(row, dict) else [row])] for row in data]
-'''
+"""
 
 
 def _post(port: int, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
@@ -57,7 +57,10 @@ def counting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KServeServer]
     # A generous delay: the batch closes when its fourth request arrives, however slow the machine.
     (model_dir / "model-config.yaml").write_text("batchSize: 4\nmaxBatchDelay: 20000\n")
     (model_dir / "MAR-INF").mkdir()
-    manifest = {"runtime": "python", "model": {"modelName": "counting", "handler": "counting.py", "configFile": "model-config.yaml"}}
+    manifest = {
+        "runtime": "python",
+        "model": {"modelName": "counting", "handler": "counting.py", "configFile": "model-config.yaml"},
+    }
     (model_dir / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
     with start(model_dir, timeout=120) as running:
         yield running

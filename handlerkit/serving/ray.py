@@ -156,6 +156,9 @@ def app(
 
     path = os.path.abspath(os.fspath(model))
     ctx = MockContext.from_model_dir(path)  # reads the manifest and config (a .mar is opened)
+    archive = getattr(ctx, "archive", None)
+    if archive is not None:  # each replica opens the model itself (Service.open): the driver keeps only what it read
+        archive.cleanup()
     cfg = parse_config(ctx.model_yaml_config, source=f"{path} model config")
     options = deployment_options(cfg, num_replicas=num_replicas, num_gpus=num_gpus, num_cpus=num_cpus)
     if batch_size is not None:

@@ -62,7 +62,9 @@ class BatchDispatch:
 
     def __init__(self, thread: HandleThread, *, batch_size: int, max_delay_s: float) -> None:
         self._thread = thread
-        self._batcher = Batcher(self._run, max_batch_size=batch_size, max_delay_s=max_delay_s, solo=[("describe", None)])
+        self._batcher = Batcher(
+            self._run, max_batch_size=batch_size, max_delay_s=max_delay_s, solo=[("describe", None)]
+        )
 
     async def _run(self, key: Hashable, requests: list[Request]) -> list[Reply]:
         _kind, envelope = cast("tuple[str, str | None]", key)

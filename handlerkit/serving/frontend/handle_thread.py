@@ -131,7 +131,9 @@ class HandleThread:
                 f"responseTimeout ({self.timeout_s:g} s) and is being replaced; retry shortly"
             )
             try:
-                error: Any = _failures.timeout_failure(self.service, self._thread, self.timeout_s, self._handler_files())
+                error: Any = _failures.timeout_failure(
+                    self.service, self._thread, self.timeout_s, self._handler_files()
+                )
             except Exception as failed:  # the answer and the replacement matter more than the report
                 error = f"no answer within responseTimeout (not attributed: {type(failed).__name__}: {failed})"
             logger.error(

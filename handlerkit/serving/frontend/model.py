@@ -66,6 +66,11 @@ def settings(config: Any) -> Settings:
     )
 
 
+#: A prediction through the handler's own entry point, in no sequence.
+PREDICT = Job()
+_DEFAULTS = Settings()
+
+
 class Frontend:
     """TorchServe's frontend for one initialized :class:`~handlerkit.service.Service`.
 
@@ -83,7 +88,7 @@ class Frontend:
         service: Service,
         *,
         name: str,
-        settings: Settings = Settings(),
+        settings: Settings = _DEFAULTS,
         envelopes: Sequence[str] = (),
         base: Callable[[HandleThread], Dispatch] | None = None,
     ) -> None:
@@ -125,11 +130,11 @@ class Frontend:
         its error reply; None for a model that keeps no sequences."""
         return self.desk.admit(headers) if self.desk is not None else None
 
-    async def reply(self, request: Request, job: Job = Job()) -> Reply:
+    async def reply(self, request: Request, job: Job = PREDICT) -> Reply:
         """``request``'s whole answer (what it streamed, if anything, is not sent: use :meth:`answer`)."""
         return await self.dispatch.submit(request, job)
 
-    async def answer(self, request: Request, job: Job = Job()) -> Opened:
+    async def answer(self, request: Request, job: Job = PREDICT) -> Opened:
         """How ``request``'s answer begins: its first streamed chunk (then the rest of its stream),
         or its whole reply when that comes first."""
         queue = self.router.open(request.request_id)  # before its batch can run: no chunk is missed

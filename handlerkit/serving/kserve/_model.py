@@ -84,7 +84,9 @@ class HandlerModel(kserve.Model):
         self.service = service
         # Both protocols share the one initialized handler, each request through its protocol's envelope.
         config = parse_config(self.context.model_yaml_config, source=f"{self.model_path} model config")
-        self.frontend = Frontend(service, name=self.name, settings=settings(config), envelopes=tuple(ENVELOPES.values()))
+        self.frontend = Frontend(
+            service, name=self.name, settings=settings(config), envelopes=tuple(ENVELOPES.values())
+        )
         self.ready = True
         return self.ready
 
