@@ -109,3 +109,11 @@ def test_a_v1_answer_is_streamed_one_chunk_per_send(chars: KServeServer) -> None
     streamed = b"".join(chunks)
     text = streamed[:8].decode("utf-8")  # 8 characters, one send each, then the final answer
     assert json.loads(streamed[8:]) == {"predictions": [text]}
+
+
+def test_the_server_writes_past_a_pipes_worth_of_access_log(counting: KServeServer) -> None:
+    """Its stdout after the listening line goes to the log: nobody reads the pipe, and a full
+    pipe (64 KiB, ~600 access-log lines) would block the server for good."""
+    status, _, _ = _post(counting.port, "/v1/models/counting:predict", {"instances": [9]})
+    assert status == 200
+    assert '"POST /v1/models/counting%3Apredict HTTP/1.1" 200' in counting.log.read_text()
