@@ -194,7 +194,7 @@ def test_kserve_benchmark_judges_resnet18_against_torchserve_and_shows_ray(capsy
     with_ray = [*rows, ("resnet18", bench.RAY, r(18.0, 150.0))]
     assert bench.report(with_ray, args) == 0  # Ray's figure is shown, not judged
     out = capsys.readouterr().out
-    assert "resnet18: ray adapter/TorchServe throughput 0.90x" in out and "(the Ray figure, for reference)" in out
+    assert "resnet18: ray adapter/TorchServe throughput 0.90x (rounds 0.90..0.90), p99 1.50x  (the Ray figure, for reference)\n" in out
     assert "resnet18: kserve adapter/ray adapter throughput 1.17x, p99 0.93x" in out
     small = [("classifier", bench.TORCHSERVE, r(100.0, 10.0)), ("classifier", bench.ADAPTER, r(50.0, 30.0))]
     assert bench.report(small, args) == 0  # no target but resnet18's
