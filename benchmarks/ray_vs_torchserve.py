@@ -84,10 +84,11 @@ def build_mar(name: str, model_dir: Path, store: Path, batch: int, delay_ms: int
 def load(url: str, requests: int, clients: int, body: bytes | None = None,
          content_type: str = "image/jpeg") -> tuple[float, list[float], collections.Counter]:
     """Closed loop: ``clients`` threads, ``requests`` in all, each posting ``body`` (the JPEG by
-    default); wall time, latencies (ms), statuses."""
+    default); wall time, latencies (ms), statuses (a request with no answer counts under its
+    error's name, ``TimeoutError``)."""
     body = IMAGE.read_bytes() if body is None else body
 
-    def one() -> tuple[float, int]:
+    def one() -> tuple[float, int | str]:
         req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
         start = time.perf_counter()
         try:
@@ -97,9 +98,11 @@ def load(url: str, requests: int, clients: int, body: bytes | None = None,
         except urllib.error.HTTPError as exc:
             exc.read()
             status = exc.code
+        except (urllib.error.URLError, OSError) as exc:  # no answer at all (timed out, reset): counted, not fatal
+            status = type(getattr(exc, "reason", exc)).__name__
         return (time.perf_counter() - start) * 1000, status
 
-    def client(k: int) -> list[tuple[float, int]]:
+    def client(k: int) -> list[tuple[float, int | str]]:
         return [one() for _ in range(k, requests, clients)]
 
     start = time.perf_counter()

@@ -184,6 +184,13 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _model_name(model: str) -> str:
+    """The manifest's ``modelName``, read without unpacking an archive (its servers unpack it)."""
+    from pathlib import Path
+
+    from handlerkit.archive.read import is_archive, read_manifest, stem
+
+    if is_archive(model):
+        return (read_manifest(model).get("model") or {}).get("modelName") or stem(Path(model))
     from handlerkit.worker.context import MockContext
 
     return MockContext.from_model_dir(model).model_name

@@ -37,13 +37,13 @@ from typing import Any
 from handlerkit._optional import require
 from handlerkit.serving._http import model_fields
 from handlerkit.serving._sequences import ROUTING_SETTLE_S
+from handlerkit.serving.frontend.model import settings
 from handlerkit.worker.config import parse_config
 from handlerkit.worker.context import MockContext
 
 __all__ = ["app", "deployment_options", "run"]
 
-#: TorchServe's defaults where model-config.yaml says nothing.
-_DEFAULT_RESPONSE_TIMEOUT_S = 120
+#: TorchServe's default job queue where model-config.yaml says nothing.
 _DEFAULT_QUEUE = 100
 _BATCHING = ("torchserve", "serve.batch")
 #: How often Ray asks a replica whether it is healthy. A replica whose handler ran past
@@ -69,8 +69,8 @@ def deployment_options(
         "response_timeout_s"}``.
     """
     cfg = config if hasattr(config, "batch_size") else parse_config(config or {})
-    batch_size = max(1, cfg.batch_size or 1)
-    delay_ms = cfg.max_batch_delay if cfg.max_batch_delay is not None else 100  # TorchServe's default
+    frontend = settings(cfg)
+    batch_size = frontend.batch_size
     if num_gpus is None:
         num_gpus = 1 if cfg.device_type == "gpu" else 0
     deployment: dict[str, Any] = {
@@ -99,8 +99,8 @@ def deployment_options(
     return {
         "deployment": deployment,
         "batch_size": batch_size,
-        "batch_wait_timeout_s": delay_ms / 1000.0,
-        "response_timeout_s": float(cfg.response_timeout or _DEFAULT_RESPONSE_TIMEOUT_S),
+        "batch_wait_timeout_s": frontend.max_batch_delay_s,
+        "response_timeout_s": frontend.response_timeout_s,
     }
 
 
@@ -156,6 +156,9 @@ def app(
 
     path = os.path.abspath(os.fspath(model))
     ctx = MockContext.from_model_dir(path)  # reads the manifest and config (a .mar is opened)
+    archive = getattr(ctx, "archive", None)
+    if archive is not None:  # each replica opens the model itself (Service.open): the driver keeps only what it read
+        archive.cleanup()
     cfg = parse_config(ctx.model_yaml_config, source=f"{path} model config")
     options = deployment_options(cfg, num_replicas=num_replicas, num_gpus=num_gpus, num_cpus=num_cpus)
     if batch_size is not None:

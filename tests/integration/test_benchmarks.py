@@ -131,92 +131,73 @@ def _stub_server(reply: bytes):
     return server, seen
 
 
-def test_kserve_benchmark_posts_v2_bodies_and_compares_answers_without_kserves_nulls(capsys):
-    """Every request of benchmarks/kserve_vs_torchserve.py is the same v2 body (ray_vs_torchserve's
-    load posts it); kserve's ``"parameters": null`` aside, answers must be equal to pass."""
+def test_kserve_benchmark_posts_kserve_bodies_and_compares_predictions(capsys):
+    """The adapter's requests (benchmarks/kserve_vs_torchserve.py) carry the JPEG as a v1 instance
+    or a v2 BYTES input; the prediction is read out of either document and must equal
+    TorchServe's own answer (within 1e-4) to pass."""
     import base64
     import json
 
     import kserve_vs_torchserve as bench
     import ray_vs_torchserve
 
-    doc = {"id": "bench", "model_name": "m", "outputs": [{"name": "img", "datatype": "BYTES", "data": [{"a": 1.0}]}]}
-    kserve_doc = {**doc, "parameters": None, "outputs": [{**doc["outputs"][0], "parameters": None}]}
-    server, seen = _stub_server(json.dumps(kserve_doc).encode())
+    top = {"a": 0.75, "b": 0.25}
+    v1 = bench.kserve_body("v1")
+    [instance] = json.loads(v1)["instances"]
+    assert base64.b64decode(instance["data"]) == bench.IMAGE.read_bytes()
+    [inp] = json.loads(bench.kserve_body("v2"))["inputs"]
+    assert (inp["name"], inp["shape"], inp["datatype"]) == ("img", [1], "BYTES")
+    server, seen = _stub_server(json.dumps({"predictions": [top]}).encode())
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v2/models/m/infer"
-        body = bench.v2_body()
-        wall, latencies, statuses = ray_vs_torchserve.load(url, 5, 2, body, "application/json")
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/models/m:predict"
+        wall, latencies, statuses = ray_vs_torchserve.load(url, 5, 2, v1, "application/json")
         assert statuses == {200: 5} and len(latencies) == 5 and wall > 0
-        assert seen == [("application/json", body)] * 5
-        [inp] = json.loads(body)["inputs"]
-        assert (inp["name"], inp["shape"], inp["datatype"]) == ("img", [1], "BYTES")
-        assert base64.b64decode(inp["data"][0]) == bench.IMAGE.read_bytes()
-        ours = bench.answer(url, body)
+        assert seen == [("application/json", v1)] * 5
+        ours = bench.predictions(url, v1, "application/json", "v1")
     finally:
         server.shutdown()
         server.server_close()
-    assert ours == (200, doc)
-    assert bench.same_answers("m", ours, (200, doc))
-    assert "m: answers equal (status 200" in capsys.readouterr().out
-    other = {**doc, "outputs": [{**doc["outputs"][0], "data": [{"a": 0.5}]}]}
-    assert not bench.same_answers("m", ours, (200, other))  # the check can fail
+    assert ours == (200, top)
+    assert bench.same_answers("m", ours, (200, {"a": 0.75, "b": 0.25 + 1e-6}))
+    assert "m: predictions equal (status 200, top 2)" in capsys.readouterr().out
+    assert not bench.same_answers("m", ours, (200, {"a": 0.5, "b": 0.5}))  # the check can fail
     assert "m: ANSWERS DIFFER: adapter 200" in capsys.readouterr().out
-    assert not bench.same_answers("m", (503, doc), (503, doc))  # equal failures are no pass
+    assert not bench.same_answers("m", (503, b"x"), (503, b"x"))  # equal failures are no pass
 
 
-def test_kserve_benchmark_judges_resnet18_and_tells_where_the_time_goes(capsys):
-    """The verdict: on resnet18 the adapter needs >= 0.9x TorchServe's throughput and <= 1.5x its
-    p99 (exit 1 otherwise, or when the answers differed); handle time per request is TorchServe's
-    PredictionTime over all its requests, batched or not."""
+def test_kserve_benchmark_judges_resnet18_against_torchserve_and_shows_ray(capsys):
+    """The verdict: on resnet18 the adapter needs >= 1.0x TorchServe's throughput and <= 1.5x its
+    p99 (exit 1 otherwise, or when the answers differed or a request failed); Ray's figure is shown."""
     import argparse
 
     import kserve_vs_torchserve as bench
 
-    def r(rps, p99, busy=0.0):
-        return {
-            "req/s": rps,
-            "round req/s": [rps * 0.95, rps * 1.05],
-            "p50 ms": p99 / 2,
-            "p99 ms": p99,
-            "busy": busy,
-            "cpu": 1.0,
-            "cpu ms/req": 20.0,
-            "idle cpu": 0.0,
-            "statuses": {200: 10},
-            "batches": "",
-        }
+    def r(rps, p99):
+        return {"req/s": rps, "round req/s": [rps * 0.95, rps * 1.05], "p50 ms": p99 / 2, "p99 ms": p99,
+                "cpu": 1.0, "idle cpu": 0.0, "statuses": {200: 10}, "batches": "mean 8.00"}  # fmt: skip
 
-    args = argparse.Namespace(rounds=2, requests_per_round=10, clients=4, batch=1, delay_ms=10)
-    ts = r(20.0, 100.0, busy=0.8)  # 40 ms of handle per request
-    rows = [("resnet18", bench.TORCHSERVE, ts), ("resnet18", bench.ADAPTER, r(19.0, 140.0))]
+    args = argparse.Namespace(rounds=2, requests_per_round=10, clients=16, batch=8, delay_ms=10, protocol="v1")
+    ts = r(20.0, 100.0)
+    rows = [("resnet18", bench.TORCHSERVE, ts), ("resnet18", bench.ADAPTER, r(21.0, 140.0))]
     assert bench.report(rows, args) == 0
     out = capsys.readouterr().out
-    assert "resnet18: adapter/TorchServe throughput 0.95x (rounds 0.95..0.95), p99 1.40x  target met" in out
-    assert "batchSize 1 (parity: KServe does not batch)" in out
-    times = bench.where_the_time_goes(r(19.0, 140.0), ts)
-    assert (
-        abs(times[bench.TORCHSERVE]["handle"] - 40.0) < 1e-9 and abs(times[bench.TORCHSERVE]["outside"] - 10.0) < 1e-9
-    )
-    assert abs(times[bench.ADAPTER]["outside"] - (1000 / 19 - 40)) < 1e-9
+    assert "resnet18: adapter/TorchServe throughput 1.05x (rounds 1.05..1.05), p99 1.40x  target met" in out
+    assert "batchSize 8, maxBatchDelay 10 ms" in out and "adapter: v1 :predict" in out
     assert bench.report(rows, args, equal=False) == 1
-    out = capsys.readouterr().out
-    assert "answers differed" in out and "estimate does not hold" not in out
-    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(30.0, 100.0))], args) == 0  # 33 ms < 40 ms of handle
-    assert "the estimate does not hold for it" in capsys.readouterr().out
-    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(17.0, 100.0))], args) == 1  # 0.85x throughput
+    assert "answers differed" in capsys.readouterr().out
+    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(19.0, 100.0))], args) == 1  # 0.95x throughput
     assert bench.report([rows[0], ("resnet18", bench.ADAPTER, r(20.0, 160.0))], args) == 1  # 1.6x p99
-    assert "TARGET MISSED" in capsys.readouterr().out
-    batched = {**r(19.0, 140.0), "statuses": {200: 2, 503: 8}}  # TorchServe's kservev2 fails a batch of several
-    assert bench.report([("resnet18", bench.TORCHSERVE, batched), rows[1]], args) == 1
-    assert "NOT ALL ANSWERED 200: resnet18 torchserve 0.12 (statuses above)" in capsys.readouterr().out
-    small = [("classifier", bench.TORCHSERVE, r(100.0, 10.0)), ("classifier", bench.ADAPTER, r(50.0, 30.0))]
-    assert bench.report(small, argparse.Namespace(**{**vars(args), "batch": 8})) == 0  # no target but resnet18's
+    assert "TARGET MISSED (>= 1.0x throughput, <= 1.5x p99)" in capsys.readouterr().out
+    failing = {**r(21.0, 140.0), "statuses": {200: 2, 503: 8}}
+    assert bench.report([rows[0], ("resnet18", bench.ADAPTER, failing)], args) == 1
+    assert "NOT ALL ANSWERED 200: resnet18 kserve adapter (statuses above)" in capsys.readouterr().out
+    with_ray = [*rows, ("resnet18", bench.RAY, r(18.0, 150.0))]
+    assert bench.report(with_ray, args) == 0  # Ray's figure is shown, not judged
     out = capsys.readouterr().out
-    assert (
-        "TorchServe batchSize 8, maxBatchDelay 10 ms; KServe: none" in out
-        and "classifier: adapter/TorchServe throughput 0.50x" in out
-    )
+    assert "resnet18: ray adapter/TorchServe throughput 0.90x (rounds 0.90..0.90), p99 1.50x  (the Ray figure, for reference)\n" in out
+    assert "resnet18: kserve adapter/ray adapter throughput 1.17x, p99 0.93x" in out
+    small = [("classifier", bench.TORCHSERVE, r(100.0, 10.0)), ("classifier", bench.ADAPTER, r(50.0, 30.0))]
+    assert bench.report(small, args) == 0  # no target but resnet18's
 
 
 def test_attribution_benchmark_times_each_variant_and_checks_the_request_named(tmp_path):

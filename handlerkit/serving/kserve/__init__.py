@@ -24,9 +24,16 @@ type and body.
 
 What differs from TorchServe-on-KServe:
 
-- **no batching**: KServe's Python model server has no batching of its own (KServe batches in
-  its agent, in front of the pod), so one request is one batch, and requests run one at a time
-  on one thread, as on one TorchServe worker; ``batchSize`` and ``maxBatchDelay`` are not used;
+- **batches are TorchServe's, and may hold several KServe requests**: requests are batched as
+  ``model-config.yaml`` says (``batchSize``, ``maxBatchDelay``; :mod:`handlerkit.serving.frontend`),
+  v1 and v2 requests apart. TorchServe's ``kserve`` and ``kservev2`` envelopes read only the
+  first request of a batch (so TorchServe-on-KServe needs ``batchSize: 1``); here each request
+  of a batch is read by an envelope of its own and the handler gets their instances (v1) or
+  inputs (v2) in one list (:mod:`handlerkit.serving.frontend.enveloped`). A batch of one is
+  exactly TorchServe's;
+- a v1 ``:predict`` whose handler streams (``send_intermediate_predict_response``) is sent as it
+  comes, one HTTP chunk per send, its final answer last (kserve streams only v1 answers, with
+  status 200 and no headers of the handler's);
 - the routes around inference are KServe's own: ``/v2/health/live``, ``/v2/health/ready``,
   ``/v2/models/<m>``, ``/v2/models/<m>/ready``, ``/v1/models/<m>``; a v1 body kserve cannot
   parse is answered by kserve (400) before the handler sees it;
@@ -72,8 +79,8 @@ def model(
     """A ``kserve.Model`` that runs the handler of a model dir or ``.mar`` as TorchServe would.
 
     ``load()`` opens the model (a :class:`~handlerkit.service.Service`) and runs ``initialize``
-    once; each v1 ``:predict``/``:explain`` or v2 ``infer`` request is then one ``handle`` call
-    on a batch of one (KServe's Python server has no batching to use), one at a time.
+    once; v1 ``:predict``/``:explain`` and v2 ``infer`` requests are then batched as
+    ``model-config.yaml`` says and run one batch at a time (:mod:`handlerkit.serving.frontend`).
 
     Args:
         model_dir_or_mar: a model dir or an archive (``.mar``, ``.tar.gz``).

@@ -1,19 +1,22 @@
-"""The ``kserve.Model`` that runs one TorchServe-contract handler (imports kserve: load it only
-through :func:`handlerkit.serving.kserve.model`, which checks kserve is installed first).
+"""The ``kserve.Model`` that runs one TorchServe-contract handler: a thin transport on the
+frontend (imports kserve: load it only through :func:`handlerkit.serving.kserve.model`, which
+checks kserve is installed first).
 
 Each request is turned back into the HTTP request TorchServe's frontend would forward (body
-bytes and headers, :func:`handlerkit.serving._http.to_request`), run as a batch of one through
-the handler's entry point wrapped in the protocol's envelope (``kserve`` for v1, ``kservev2``
-for v2), and answered from what the worker would send back (:func:`~handlerkit.serving._http.replies`).
-A v2 request is checked against the spec first, and a v2 error answered the spec's way
-(:mod:`handlerkit.serving.v2`); the v2 metadata declares the inputs and outputs the model's
-config or handler declares (:func:`~handlerkit.serving.v2.declared_tensors`).
+bytes and headers, :func:`handlerkit.serving._http.to_request`) and handed to the model's
+:class:`~handlerkit.serving.frontend.Frontend` with the protocol's envelope (``kserve`` for v1,
+``kservev2`` for v2): batched as ``model-config.yaml`` says (``batchSize``,
+``maxBatchDelay``), run on the one handle thread, timed out at ``responseTimeout``, its
+failures answered and logged there, as on every engine. A v1 ``:predict`` whose handler streams
+(``send_intermediate_predict_response``) is streamed to its client, one HTTP chunk per send
+(kserve streams a v1 answer; its v2 route cannot). A v2 request is checked against the spec
+first, and a v2 error answered the spec's way (:mod:`handlerkit.serving.v2`); the v2 metadata
+declares the inputs and outputs the model's config or handler declares
+(:func:`~handlerkit.serving.v2.declared_tensors`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 from typing import Any
 
@@ -21,14 +24,14 @@ import kserve
 from kserve.protocol.infer_type import InferRequest
 
 from handlerkit.errors import HandlerkitError
-from handlerkit.recording.failures import handler_files
 from handlerkit.service import Service, WorkingDir
-from handlerkit.serving._failures import batch_failure, logger
-from handlerkit.serving._http import Reply, replies, to_request, worker_error, worker_failure
+from handlerkit.serving._http import Reply, to_request
+from handlerkit.serving._streams import Opened
+from handlerkit.serving.frontend import Frontend, Job, settings
 from handlerkit.serving.kserve._v2 import request_validation_response
 from handlerkit.serving.v2 import as_v2_error, declared_tensors, input_problems, invalid_request
+from handlerkit.worker.config import parse_config
 from handlerkit.worker.context import MockContext
-from handlerkit.worker.envelopes import wrap
 
 __all__ = ["HandlerModel", "HandlerReply"]
 
@@ -65,11 +68,8 @@ class HandlerModel(kserve.Model):
         self._handler = handler
         self._working_dir: WorkingDir = working_dir
         self.service: Service | None = None
-        self._entries: dict[str, Any] = {}
-        self._files: frozenset[str] | None = None  # the handler's source files, read at the first failure
+        self.frontend: Frontend | None = None
         self._declared: dict[str, Any] = {"inputs": [], "outputs": [], "other_names": False}  # v2 metadata
-        # One thread: one handle() at a time, as one TorchServe worker; the event loop stays free.
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="handlerkit-kserve")
 
     # -- lifecycle ----------------------------------------------------------------------------
     def load(self) -> bool:
@@ -86,17 +86,21 @@ class HandlerModel(kserve.Model):
             service.close()
             raise
         self.service = service
+        # Both protocols share the one initialized handler, each request through its protocol's envelope.
+        config = parse_config(self.context.model_yaml_config, source=f"{self.model_path} model config")
+        self.frontend = Frontend(
+            service, name=self.name, settings=settings(config), envelopes=tuple(ENVELOPES.values())
+        )
         self._declared = declared_tensors(service.context.model_yaml_config, service.function or service.handler)
-        # Both protocols share the one initialized handler: each wraps the entry point in its envelope.
-        self._entries = {protocol: wrap(service.entry, envelope) for protocol, envelope in ENVELOPES.items()}
-        for entry in self._entries.values():
-            entry.__self__.context = service.context
         self.ready = True
         return self.ready
 
     def stop(self) -> None:
         """Not ready any more; the archive's temporary dir is removed (loaded or not)."""
         self.ready = False
+        if self.frontend is not None:
+            self.frontend.close()
+            self.frontend = None
         if self.service is not None:
             self.service.close()
             self.service = None
@@ -104,7 +108,6 @@ class HandlerModel(kserve.Model):
             archive = getattr(self.context, "archive", None)  # a .mar unpacked by from_model_dir
             if archive is not None:
                 archive.cleanup()
-        self._pool.shutdown(wait=False)
 
     # -- v2 metadata (GET /v2/models/<name>) ----------------------------------------------------
     def get_input_types(self) -> list[dict[str, Any]]:
@@ -127,10 +130,15 @@ class HandlerModel(kserve.Model):
     async def postprocess(
         self, result: Any, headers: dict[str, str] | None = None, response_headers: dict[str, str] | None = None
     ) -> Any:
-        """The worker's reply as kserve sends it: v1 its body and headers (content type included);
-        v2 the inference response, which kserve checks before sending; any other status as it is
-        (v1: TorchServe's body; v2: the spec's ``{"error": <TorchServe's message>}``)."""
+        """The worker's reply as kserve sends it: v1 its body and headers (content type included),
+        or the stream of a handler that streamed; v2 the inference response, which kserve checks
+        before sending; any other status as it is (v1: TorchServe's body; v2: the spec's
+        ``{"error": <TorchServe's message>}``)."""
         protocol, reply = result
+        if isinstance(reply, Opened):
+            if reply.reply is None:  # a stream: kserve sends each chunk as it comes
+                return reply.body
+            reply = reply.reply
         if reply.status != 200:
             raise HandlerReply(as_v2_error(reply) if protocol == "v2" else reply)
         if protocol == "v2":
@@ -139,7 +147,10 @@ class HandlerModel(kserve.Model):
             response_headers.update(reply.headers)
         return reply.body
 
-    async def _run(self, payload: Any, headers: dict[str, str], *, explain: bool) -> tuple[str, Reply]:
+    async def _run(self, payload: Any, headers: dict[str, str], *, explain: bool) -> tuple[str, Reply | Opened]:
+        frontend = self.frontend
+        if frontend is None:
+            raise HandlerkitError(f"model {self.name!r} is not loaded", fix="call load() first (ModelServer does)")
         if isinstance(payload, InferRequest):
             protocol, rest = "v2", _v2_body(payload)
             declared = self.get_input_types()  # a subclass's own declaration binds every name
@@ -151,33 +162,13 @@ class HandlerModel(kserve.Model):
         else:
             protocol, body = "v1", _v1_body(payload)
         request = to_request(headers.items(), body, explain=explain, request_id=headers.get("x-request-id"))
-        loop = asyncio.get_running_loop()
-        return protocol, await loop.run_in_executor(self._pool, self._handle, protocol, request)
-
-    def _handle(self, protocol: str, request: Any) -> Reply:
-        service = self.service
-        if service is None:
-            raise HandlerkitError(f"model {self.name!r} is not loaded", fix="call load() first (ModelServer does)")
-        batch = service.bind([request])
-        try:
-            with service.running("handle"):
-                output = self._entries[protocol](batch.data, service.context)
-        except Exception as exc:
-            code, message = worker_failure(exc)
-            self._log_failure(service, batch, exc, f'{code} "{message}"')
-            return worker_error(code, message)
-        return replies(output, service.context, 1)[0]
-
-    def _log_failure(self, service: Service, batch: Any, exc: BaseException, answer: str) -> None:
-        """Log the request's StageError (stage, ``file:line``, fix) to the ``handlerkit.serving`` logger."""
-        try:
-            if self._files is None:
-                self._files = handler_files(service.function or service.handler)
-            error: Any = batch_failure(service, batch, exc, self._files)
-        except Exception as failed:  # telling the failure must never cost the request its answer
-            error = f"{type(exc).__name__}: {exc} (not attributed to a stage: {type(failed).__name__}: {failed})"
-        rid = batch.requests[0].request_id if batch.requests else "?"
-        logger.error("%s answered %s to request %s:\n%s", self.name, answer, rid, error)
+        job = Job("explain" if explain else "predict", ENVELOPES[protocol])
+        # kserve streams a v1 predict answer (an async iterator), not a v2 one nor an explanation.
+        streams = protocol == "v1" and not explain
+        answer = await (frontend.answer(request, job) if streams else frontend.reply(request, job))
+        if frontend.stuck is not None:  # a batch ran past responseTimeout: not ready, so the pod is replaced
+            self.ready = False
+        return protocol, answer
 
 
 def _v2_body(payload: InferRequest) -> dict[str, Any]:

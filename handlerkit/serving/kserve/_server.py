@@ -199,6 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     threading.Thread(target=_stop_with_the_parent, name="handlerkit-parent-watch", daemon=True).start()
     print(_READY + json.dumps({"port": sock.getsockname()[1], "name": served.name}), flush=True)
+    # Nobody reads this pipe past that line: the rest of stdout (uvicorn's access log, a line per
+    # request) goes to the log with stderr, or the full pipe would block the server for good
+    # (after ~600 requests).
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         rest.run(sockets=[sock])  # uvicorn: serves until SIGTERM/SIGINT
     finally:
