@@ -25,7 +25,7 @@ The same requests then go to handlerkit.serving.ray (``-m ray``; each sequence r
 carries ``serve_multiplexed_model_id``, Ray's routing header): the same answers, headers and
 error documents, the async handler's same chunks, and under continuous batching the same HTTP
 chunks, one per step, and final answers (Ray's continuous-batching loop:
-``handlerkit.serving._continuous``).
+``handlerkit.serving.frontend.continuous``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from _ts_server import HOST, TorchServe, missing_requirements, serving
 
 import handlerkit as hk
 from handlerkit.sequences import Job, Sequence
-from handlerkit.serving._sequences import ROUTING_HEADER
+from handlerkit.serving.frontend.sequence_desk import ROUTING_HEADER
 
 _missing = missing_requirements()
 pytestmark = [

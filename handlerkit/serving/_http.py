@@ -64,7 +64,7 @@ class Route(NamedTuple):
 
 class Reply(NamedTuple):
     """One HTTP answer: status, reason phrase, headers and body; ``failed`` when the worker failed
-    the request's batch (a stream already begun is then cut, :mod:`handlerkit.serving._streams`)."""
+    the request's batch (a stream already begun is then cut, :mod:`handlerkit.serving.frontend.streams`)."""
 
     status: int
     phrase: str | None

@@ -12,17 +12,17 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response, StreamingResponse
 
 from handlerkit.service import Service
-from handlerkit.serving import _failures
-from handlerkit.serving._failures import logger
 from handlerkit.serving._http import Reply, description, error_reply, parse_route, to_request
-from handlerkit.serving._sequences import Admitted
-from handlerkit.serving._streams import Opened
 from handlerkit.serving.frontend import Frontend, HandleThread, Job, Settings
+from handlerkit.serving.frontend import failure_answers as _failures
+from handlerkit.serving.frontend.failure_answers import logger
+from handlerkit.serving.frontend.sequence_desk import Admitted
+from handlerkit.serving.frontend.streams import Opened
 from handlerkit.worker.memory import rss_bytes
 from handlerkit.worker.requests import Request
 
 #: Sequence ids Ray keeps registered per replica (it forgets the least recent beyond); the
-#: handler's own limit is maxNumSequence (handlerkit.serving._sequences).
+#: handler's own limit is maxNumSequence (handlerkit.serving.frontend.sequence_desk).
 SEQUENCES_PER_REPLICA = 100_000
 SWITCH_INTERVAL_S = 0.0005  # the replica process's sys.setswitchinterval (see HandlerReplica)
 

@@ -23,8 +23,8 @@ handler that fails to load fails the deployment at once, and :func:`run` raises 
 ``sequenceBatching: true``: sequences are opened, ended and limited as TorchServe's frontend
 does, and kept on one replica by Ray Serve's model multiplexing, the sequence id being the
 multiplexed model id: a client sends ``serve_multiplexed_model_id: <sequence id>`` beside
-``ts_request_sequence_id`` (:mod:`handlerkit.serving._sequences`). ``continuousBatching: true``
-runs TorchServe's loop on each replica (:mod:`handlerkit.serving._continuous`): a request the
+``ts_request_sequence_id`` (:mod:`handlerkit.serving.frontend.sequence_desk`). ``continuousBatching: true``
+runs TorchServe's loop on each replica (:mod:`handlerkit.serving.frontend.continuous`): a request the
 handler leaves unfinished (its answer says ``ts_stream_next: true``) is streamed to its client,
 one HTTP chunk per step, and called again, while new requests join between steps.
 """
@@ -36,8 +36,8 @@ from typing import Any
 
 from handlerkit._optional import require
 from handlerkit.serving._http import model_fields
-from handlerkit.serving._sequences import ROUTING_SETTLE_S
 from handlerkit.serving.frontend.model import settings
+from handlerkit.serving.frontend.sequence_desk import ROUTING_SETTLE_S
 from handlerkit.worker.config import parse_config
 from handlerkit.worker.context import MockContext
 
@@ -211,7 +211,7 @@ def run(application: Any, *, name: str = "default", route_prefix: str | None = "
         RuntimeError: the deployment failed otherwise (Ray's own error).
     """
     serve = require("ray.serve", feature="handlerkit.serving.ray", extra="ray")
-    from handlerkit.serving import _failures
+    from handlerkit.serving.frontend import failure_answers as _failures
 
     _failures.forget_load_failure(name)
     try:

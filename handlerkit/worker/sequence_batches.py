@@ -1,6 +1,6 @@
 """How TorchServe 0.12's frontend forms a stateful model's next batch (``SequenceBatching``,
 ``SequenceContinuousBatching``): one rule, shared by :class:`handlerkit.Sequences` (a Harness)
-and the Ray replica's continuous-batching loop (:mod:`handlerkit.serving._continuous`).
+and the Ray replica's continuous-batching loop (:mod:`handlerkit.serving.frontend.continuous`).
 
 - A batch holds at most ``batchSize`` requests; under continuous batching the running batch
   holds up to ``2 * batchSize`` (TorchServe 0.12 hard-codes the factor).

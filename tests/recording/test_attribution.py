@@ -41,7 +41,7 @@ from handlerkit.errors import HandlerkitError, StageError
 from handlerkit.handlers import BaseHandler
 from handlerkit.recording import failures
 from handlerkit.recording.alone import ENOUGH_FAILING
-from handlerkit.serving._failures import batch_failure
+from handlerkit.serving.frontend.failure_answers import batch_failure
 from handlerkit.worker.locations import cell_name
 from handlerkit.worker.streaming import ChunkSocket
 

@@ -23,7 +23,7 @@ def test_deployment_options_follow_the_model_config() -> None:
     assert dep["autoscaling_config"]["min_replicas"] == 1 and dep["autoscaling_config"]["max_replicas"] == 3
     assert dep["ray_actor_options"]["num_gpus"] == 1 and dep["max_ongoing_requests"] >= 16
     # A handler that fails to load is not constructed again and again; a stuck replica is
-    # found unhealthy within seconds (tests/serving/test_failures.py shows both).
+    # found unhealthy within seconds (tests/serving/frontend/test_failure_answers.py shows both).
     assert dep["max_constructor_retry_count"] == 1 and dep["health_check_period_s"] == 1.0
     assert deployment_options({"minWorkers": 2, "maxWorkers": 2})["deployment"]["num_replicas"] == 2
 

@@ -15,8 +15,8 @@ same on every engine (:mod:`handlerkit.serving.ray`, :mod:`handlerkit.serving.ks
   requests (KServe's protocols, batched).
 
 HTTP itself is translated by :mod:`handlerkit.serving._http`; batches are formed by
-:mod:`~handlerkit.serving._batcher`, sequences kept by :mod:`~handlerkit.serving._sequences`,
-streams routed by :mod:`~handlerkit.serving._streams`.
+:mod:`~handlerkit.serving.frontend.batcher`, sequences kept by :mod:`~handlerkit.serving.frontend.sequence_desk`,
+streams routed by :mod:`~handlerkit.serving.frontend.streams`.
 """
 
 from handlerkit.serving.frontend.dispatch import (

@@ -7,16 +7,16 @@ bring its own base (Ray's ``@serve.batch``) in place of TorchServe's batching:
 
 - :class:`BatchDispatch`: batches formed when the handle thread is free, as TorchServe's
   ``pollBatch`` forms them (``batchSize``, ``maxBatchDelay``:
-  :class:`~handlerkit.serving._batcher.Batcher`); predictions, explanations and each envelope's
+  :class:`~handlerkit.serving.frontend.batcher.Batcher`); predictions, explanations and each envelope's
   requests apart, a describe request alone;
 - :class:`AsyncDispatch`: ``asyncCommunication: true``, each request a batch of its own,
   awaited at once with the others, as TorchServe's async worker;
 - :class:`SequenceDispatch`: ``sequenceBatching: true``, around another: an answer's
   ``ts_request_sequence_end`` closes its sequences at the desk
-  (:class:`~handlerkit.serving._sequences.SequenceDesk`);
+  (:class:`~handlerkit.serving.frontend.sequence_desk.SequenceDesk`);
 - :class:`ContinuousDispatch`: ``continuousBatching: true`` too, a sequence's predictions go
   through TorchServe's continuous-batching loop
-  (:class:`~handlerkit.serving._continuous.ContinuousLoop`); the rest to the one it wraps.
+  (:class:`~handlerkit.serving.frontend.continuous.ContinuousLoop`); the rest to the one it wraps.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
-from handlerkit.serving._batcher import Batcher
-from handlerkit.serving._continuous import ContinuousLoop
 from handlerkit.serving._http import Reply
+from handlerkit.serving.frontend.batcher import Batcher
+from handlerkit.serving.frontend.continuous import ContinuousLoop
 
 if TYPE_CHECKING:
-    from handlerkit.serving._sequences import SequenceDesk
     from handlerkit.serving.frontend.handle_thread import HandleThread
+    from handlerkit.serving.frontend.sequence_desk import SequenceDesk
     from handlerkit.worker.requests import Request
 
 __all__ = ["AsyncDispatch", "BatchDispatch", "ContinuousDispatch", "Dispatch", "Job", "SequenceDispatch"]

@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from handlerkit.recording.failures import handler_files
-from handlerkit.serving import _failures
-from handlerkit.serving._failures import logger
 from handlerkit.serving._http import WORKER_DIED, Reply, error_reply, replies, worker_error, worker_failure
+from handlerkit.serving.frontend import failure_answers as _failures
 from handlerkit.serving.frontend.enveloped import Enveloped
+from handlerkit.serving.frontend.failure_answers import logger
 from handlerkit.worker.batches import Batch
 from handlerkit.worker.streaming import final_stream_next
 

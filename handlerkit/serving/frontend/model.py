@@ -10,7 +10,7 @@ handle thread, its ``responseTimeout`` and failure answers and logs
 (:mod:`~handlerkit.serving.frontend.handle_thread`), sequences
 (:meth:`Frontend.admit`), continuous batching, and streams (a chunk a handler sends through
 ``send_intermediate_predict_response`` goes to its request's client as it comes:
-:class:`~handlerkit.serving._streams.StreamRouter`).
+:class:`~handlerkit.serving.frontend.streams.StreamRouter`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from handlerkit.serving._continuous import ContinuousLoop
 from handlerkit.serving._http import Reply, customized_metadata
-from handlerkit.serving._sequences import Admitted, SequenceDesk
-from handlerkit.serving._streams import Opened, StreamRouter
+from handlerkit.serving.frontend.continuous import ContinuousLoop
 from handlerkit.serving.frontend.dispatch import (
     AsyncDispatch,
     BatchDispatch,
@@ -32,6 +30,8 @@ from handlerkit.serving.frontend.dispatch import (
     SequenceDispatch,
 )
 from handlerkit.serving.frontend.handle_thread import HandleThread
+from handlerkit.serving.frontend.sequence_desk import Admitted, SequenceDesk
+from handlerkit.serving.frontend.streams import Opened, StreamRouter
 from handlerkit.worker.config import parse_config
 from handlerkit.worker.requests import Request
 

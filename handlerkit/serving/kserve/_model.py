@@ -26,8 +26,8 @@ from kserve.protocol.infer_type import InferRequest
 from handlerkit.errors import HandlerkitError
 from handlerkit.service import Service, WorkingDir
 from handlerkit.serving._http import Reply, to_request
-from handlerkit.serving._streams import Opened
 from handlerkit.serving.frontend import Frontend, Job, settings
+from handlerkit.serving.frontend.streams import Opened
 from handlerkit.serving.kserve._v2 import request_validation_response
 from handlerkit.serving.v2 import as_v2_error, declared_tensors, input_problems, invalid_request
 from handlerkit.worker.config import parse_config

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
     from kserve.protocol.rest.server import RESTServer
 
-    from handlerkit.serving._failures import logger
+    from handlerkit.serving.frontend.failure_answers import logger
     from handlerkit.serving.kserve._model import HandlerModel
 
     handler = logging.StreamHandler()  # to the server's log (its stderr): a failed request's StageError

@@ -10,8 +10,8 @@ from _frontend import PriceTagger, make_frontend, priced, run_async
 
 import handlerkit as hk
 from handlerkit.serving._http import Reply
-from handlerkit.serving._sequences import Admitted
 from handlerkit.serving.frontend import ContinuousDispatch, HandleThread, Job, SequenceDispatch
+from handlerkit.serving.frontend.sequence_desk import Admitted
 
 
 def test_sequences_are_admitted_and_closed_by_the_answer_that_ends_them() -> None:

@@ -1,4 +1,4 @@
-"""handlerkit.serving._continuous: the replica's continuous-batching loop, engine-free (a
+"""handlerkit.serving.frontend.continuous: the replica's continuous-batching loop, engine-free (a
 stand-in handler answers each step; no Ray)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import handlerkit as hk
-from handlerkit.serving._continuous import ContinuousLoop
 from handlerkit.serving._http import Reply, worker_error
-from handlerkit.serving._sequences import SequenceDesk
+from handlerkit.serving.frontend.continuous import ContinuousLoop
+from handlerkit.serving.frontend.sequence_desk import SequenceDesk
 
 SEQ_ID, SEQ_END = "ts_request_sequence_id", "ts_request_sequence_end"
 

@@ -1,4 +1,4 @@
-"""handlerkit.serving._sequences: a replica's sequences as TorchServe's frontend keeps them, and
+"""handlerkit.serving.frontend.sequence_desk: a replica's sequences as TorchServe's frontend keeps them, and
 Ray Serve's model multiplexing keeping each sequence on the replica that holds it (2 replicas,
 a real local Ray instance on loopback)."""
 
@@ -17,7 +17,7 @@ from _stateful_handlers import CONTINUOUS_CONFIG, SEQUENCE_CONFIG, STREAMING_SUM
 from _ts_server import HOST, free_ports
 
 from handlerkit.serving._http import Reply
-from handlerkit.serving._sequences import ROUTING_HEADER, ROUTING_SETTLE_S, Admitted, SequenceDesk
+from handlerkit.serving.frontend.sequence_desk import ROUTING_HEADER, ROUTING_SETTLE_S, Admitted, SequenceDesk
 
 SEQ_ID = "ts_request_sequence_id"
 

@@ -1,4 +1,4 @@
-"""handlerkit.serving._streams: frames from a handler's thread routed to each request's answer, as
+"""handlerkit.serving.frontend.streams: frames from a handler's thread routed to each request's answer, as
 TorchServe's frontend routes them (no Ray here; tests/worker/test_streaming_server.py compares the bytes
 a client receives with the real server's)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import handlerkit as hk
 from handlerkit.serving._http import Reply, worker_error
-from handlerkit.serving._streams import StreamBroken, StreamRouter
+from handlerkit.serving.frontend.streams import StreamBroken, StreamRouter
 
 STREAMING = """
 from ts.handler_utils.utils import send_intermediate_predict_response

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from handlerkit.serving._batcher import Batcher
+from handlerkit.serving.frontend.batcher import Batcher
 
 
 class Worker:
