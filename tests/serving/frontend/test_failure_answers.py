@@ -33,7 +33,7 @@ from handlerkit.serving.ray import app, run
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT / "fixtures" / "models" / "image_classifier"
 CIRCLE = ROOT / "fixtures" / "images" / "circle.png"
 
