@@ -19,24 +19,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _cli import cli, cli_json
 
 import handlerkit as hk
-from handlerkit.cli import main
 from handlerkit.cli.new import KINDS, create, templates
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_FILES = {"MAR-INF/MANIFEST.json", "handler.py", "model.py", "model.pt", "index_to_name.json", "model-config.yaml"}
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def cli_json(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, dict]:
-    code, out, _ = cli(capsys, *argv, "--json")
-    return code, json.loads(out)
 
 
 def files_under(path: Path) -> set[str]:
